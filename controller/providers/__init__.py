@@ -1,0 +1,1 @@
+"""Fleet adapters: one module per provider, one small interface (`base.Provider`)."""
