@@ -1,0 +1,181 @@
+"""The simulator's settings: one strict, frozen pydantic model.
+
+Times are virtual seconds, hazards are events per hour of virtual time, `(low, high)` pairs are
+uniform ranges drawn from the simulation's seeded RNG.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Self
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+TASK_NAMES = ("PoRep", "UpdateProve", "PSProve", "WdPost", "WinPost")
+
+
+def _check_range(value: tuple[float, float]) -> tuple[float, float]:
+    low, high = value
+    if low < 0 or high < low:
+        raise ValueError(f"expected 0 <= low <= high, got ({low!r}, {high!r})")
+    return value
+
+
+Range = Annotated[tuple[float, float], AfterValidator(_check_range)]
+Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+Hazard = Annotated[float, Field(ge=0.0)]
+
+
+def _default_weights() -> dict[str, float]:
+    return {"PoRep": 0.6, "UpdateProve": 0.15, "PSProve": 0.15, "WdPost": 0.05, "WinPost": 0.05}
+
+
+class SimConfig(BaseModel):
+    """How the simulated fleet, its faults and its proving queue behave."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # --- stepping
+    step_s: float = Field(
+        default=10.0, gt=0, description="Longest internal sub-step of `advance`, s."
+    )
+
+    # --- the offer market
+    machines: int = Field(
+        default=80, ge=0, description="Number of host machines in the offer pool."
+    )
+    gpu_names: tuple[str, ...] = Field(
+        default=("RTX 4090", "RTX 5090", "A100 PCIE", "H100 SXM"),
+        min_length=1,
+        description="GPU models machines are drawn from (uniformly).",
+    )
+    dph_range: Range = Field(default=(0.35, 0.90), description="Machine price range, $/hour.")
+    slow_host_fraction: Fraction = Field(
+        default=0.12, description="Share of machines whose true rate is in `slow_rate_range`."
+    )
+    slow_rate_range: Range = Field(
+        default=(8.0, 18.0), description="True rate of slow hosts, proofs/h."
+    )
+    fast_rate_range: Range = Field(
+        default=(25.0, 60.0), description="True rate of other hosts, proofs/h."
+    )
+    crash_loop_host_fraction: Fraction = Field(
+        default=0.08,
+        description="Share of machines whose daemon dies a while after every (re)start.",
+    )
+    crash_loop_s: Range = Field(
+        default=(120.0, 420.0),
+        description="On a crash-loop host, daemon lifetime after each start, s.",
+    )
+
+    # --- instance lifecycle (each stage's duration, drawn per launch)
+    boot_s: Range = Field(
+        default=(60.0, 240.0), description="Stage provisioning (status provisioning)."
+    )
+    pull_s: Range = Field(default=(60.0, 300.0), description="Stage loading (status loading).")
+    register_s: Range = Field(
+        default=(20.0, 90.0), description="Stage registered (status running, sidecar up)."
+    )
+    params_s: Range = Field(
+        default=(300.0, 1200.0), description="Stage params (proof parameter fetch)."
+    )
+    bench_s: Range = Field(
+        default=(300.0, 900.0),
+        description="Stage bench (daemon up); restarts if the daemon restarts.",
+    )
+    bench_noise: Range = Field(
+        default=(0.9, 1.1), description="Measured bench_rate = machine true rate x this factor."
+    )
+    stuck_fraction: Fraction = Field(
+        default=0.05,
+        description="Chance per launch of sticking forever in loading, params or bench.",
+    )
+
+    # --- faults (hazards apply only while the instance's status is "running")
+    daemon_death_per_h: Hazard = Field(
+        default=0.06, description="Silent daemon death while stage is running (sidecar stays up)."
+    )
+    exit_per_h: Hazard = Field(
+        default=0.01, description="Container exits: status exited, for good."
+    )
+    offline_per_h: Hazard = Field(
+        default=0.01, description="Host disconnects: status offline, for good."
+    )
+    frozen_per_h: Hazard = Field(
+        default=0.015, description="Container frozen by the host, for good (per instance)."
+    )
+    odd_status_per_h: Hazard = Field(
+        default=0.25,
+        description="Fleet-wide: a random running instance freezes (a status no shipped rule "
+        "knows), so one shows up now and then whatever the instances' lifetimes.",
+    )
+    restart_delay_s: float = Field(
+        default=20.0, ge=0, description="restart_daemon: seconds until the daemon is up again."
+    )
+    reboot_s: float = Field(default=60.0, ge=0, description="reboot: seconds in status rebooting.")
+
+    # --- the proving queue
+    slots_per_instance: int = Field(default=2, ge=1, description="Tasks one node runs at once.")
+    reference_rate: float = Field(
+        default=30.0,
+        gt=0,
+        description="Rate (proofs/h) at which a task takes its base service time.",
+    )
+    curio_machine_timeout_s: float = Field(
+        default=600.0,
+        ge=0,
+        description="Tasks of an exited/offline/frozen node return after this, s.",
+    )
+    demand: Literal["synthetic", "trace"] = Field(
+        default="synthetic", description="Where task arrivals come from."
+    )
+    task_weights: dict[str, float] = Field(
+        default_factory=_default_weights,
+        description="Task name -> relative weight; names of arriving tasks are drawn from it.",
+    )
+    busy_s: float = Field(
+        default=10800.0, gt=0, description="Synthetic: length of a busy phase, s."
+    )
+    quiet_s: float = Field(
+        default=7200.0, ge=0, description="Synthetic: length of a quiet phase, s."
+    )
+    busy_rate_per_h: Hazard = Field(
+        default=40.0, description="Synthetic: arrivals/h in a busy phase."
+    )
+    quiet_rate_per_h: Hazard = Field(
+        default=0.0, description="Synthetic: arrivals/h in a quiet phase."
+    )
+    service_min_s: float = Field(
+        default=900.0, gt=0, description="Synthetic: shortest base service time, s."
+    )
+    service_max_s: float = Field(
+        default=1800.0, gt=0, description="Synthetic: longest base service time, s."
+    )
+    trace_path: str | None = Field(
+        default=None, description="Trace mode: CSV of tasks (the Alibaba openb pod list format)."
+    )
+    trace_time_scale: float = Field(
+        default=0.01,
+        gt=0,
+        description="Trace mode: factor applied to the trace's inter-arrival times.",
+    )
+    trace_service_scale: float = Field(
+        default=0.1,
+        gt=0,
+        description="Trace mode: factor applied to task lifetimes (service times).",
+    )
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> Self:
+        """Cross-field checks, as sentences."""
+        if self.service_max_s < self.service_min_s:
+            raise ValueError("service_max_s must be >= service_min_s")
+        if self.demand == "trace" and not self.trace_path:
+            raise ValueError("demand 'trace' needs trace_path")
+        if not self.task_weights or sum(self.task_weights.values()) <= 0:
+            raise ValueError("task_weights needs at least one positive weight")
+        for name, weight in self.task_weights.items():
+            if not 0 < len(name) <= 16:
+                raise ValueError(f"task name {name!r} must be 1 to 16 characters")
+            if weight < 0:
+                raise ValueError(f"task weight for {name!r} must be >= 0")
+        return self

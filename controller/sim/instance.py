@@ -1,0 +1,90 @@
+"""One simulated rented instance: its visible state and its scheduled future.
+
+Every future change is a timestamp field (`stage_until`, `death_at`, ...) drawn when the cause
+arises; the world applies whichever is due first. No I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+# Scheduled event kinds, in the order they are applied when due at the same moment.
+EVENT_FIELDS = (
+    ("release", "release_at"),  # tasks of a lost node go back to the queue (Curio timeout)
+    ("reboot_end", "reboot_until"),
+    ("restart", "restart_at"),  # the daemon comes back after restart_daemon
+    ("stage", "stage_until"),  # the current lifecycle stage ends
+    ("death", "death_at"),  # the daemon dies (silently, or on a crash-loop host)
+    ("exit", "exit_at"),
+    ("offline", "offline_at"),
+    ("frozen", "frozen_at"),
+)
+
+LOST_STATUSES = ("exited", "offline", "frozen")
+
+
+@dataclass
+class SimInstance:
+    """A live (not destroyed) instance in the simulated world."""
+
+    id: str
+    label: str
+    machine_id: str
+    launched_at: float
+    durations: dict[str, float]  # lifecycle stage -> seconds it lasts (drawn at launch)
+    bench_factor: float  # measured bench_rate = machine rate x this
+    stuck: str = ""  # the stage it sticks in forever ("loading", "params", "bench"), "" if none
+    status: str = "provisioning"
+    stage: str = "provisioning"
+    daemon: str = "down"
+    sidecar: str = "down"
+    drained: bool = False
+    bench_rate: float | None = None
+    status_msg: str = ""
+    daemon_started_at: float | None = None
+    stage_left: float | None = None  # stage time left when a reboot paused it
+    release_at: float | None = None
+    reboot_until: float | None = None
+    restart_at: float | None = None
+    stage_until: float | None = None
+    death_at: float | None = None
+    exit_at: float | None = None
+    offline_at: float | None = None
+    frozen_at: float | None = None
+
+    def next_event(self) -> tuple[float, str] | None:
+        """The earliest scheduled (time, kind), ties broken by EVENT_FIELDS order."""
+        best: tuple[float, str] | None = None
+        for kind, name in EVENT_FIELDS:
+            when = getattr(self, name)
+            if when is not None and (best is None or when < best[0]):
+                best = (when, kind)
+        return best
+
+    def clear_schedule(self) -> None:
+        """Forget every scheduled event (the instance stops changing by itself)."""
+        for _, name in EVENT_FIELDS:
+            setattr(self, name, None)
+
+    def clear_faults(self) -> None:
+        """Forget the status hazards (they apply only while the status is running)."""
+        self.exit_at = self.offline_at = self.frozen_at = None
+
+    def uptime(self, now: float) -> float | None:
+        """Seconds since the daemon last started, None unless it is up."""
+        if self.daemon != "up" or self.daemon_started_at is None:
+            return None
+        return max(0.0, now - self.daemon_started_at)
+
+    def billed_s(self, now: float) -> float:
+        """Seconds billed so far: from launch until `now` (destroy ends billing)."""
+        return max(0.0, now - self.launched_at)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SimInstance:
+        return cls(**data)

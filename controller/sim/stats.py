@@ -1,0 +1,67 @@
+"""Running totals of a simulation and their summary (spend, GPU hours, tasks, queue waits)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Stats:
+    """Counters kept as the world moves; live instances' billing is added at summary time."""
+
+    spend_closed_usd: float = 0.0  # spend of destroyed instances
+    gpu_hours_closed: float = 0.0
+    tasks_arrived: int = 0
+    tasks_completed: int = 0
+    tasks_released: int = 0  # times a task went back to pending (retries)
+    instances_launched: int = 0
+    instances_destroyed: int = 0
+    waits: list[float] = field(default_factory=list)  # claim - posted of completed tasks
+
+    def close_billing(self, dph: float, num_gpus: int, billed_s: float) -> None:
+        """Add a destroyed instance's bill."""
+        self.spend_closed_usd += dph * billed_s / 3600.0
+        self.gpu_hours_closed += num_gpus * billed_s / 3600.0
+
+    def summary(self, live_bills: list[tuple[float, int, float]]) -> dict[str, Any]:
+        """The stats dict; `live_bills` is (dph, num_gpus, billed_s) per live instance."""
+        spend = self.spend_closed_usd + sum(d * s / 3600.0 for d, _, s in live_bills)
+        gpu_hours = self.gpu_hours_closed + sum(g * s / 3600.0 for _, g, s in live_bills)
+        return {
+            "spend_usd": spend,
+            "gpu_hours": gpu_hours,
+            "tasks_arrived": self.tasks_arrived,
+            "tasks_completed": self.tasks_completed,
+            "tasks_released": self.tasks_released,
+            "waits_s": wait_summary(self.waits),
+            "instances_launched": self.instances_launched,
+            "instances_destroyed": self.instances_destroyed,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Stats:
+        return cls(**{**data, "waits": list(data["waits"])})
+
+
+def wait_summary(waits: list[float]) -> dict[str, float | int]:
+    """count, p50, p95 and max (nearest rank); zeros when there are none."""
+    if not waits:
+        return {"count": 0, "p50": 0.0, "p95": 0.0, "max": 0.0}
+    ordered = sorted(waits)
+    return {
+        "count": len(ordered),
+        "p50": _nearest_rank(ordered, 0.50),
+        "p95": _nearest_rank(ordered, 0.95),
+        "max": ordered[-1],
+    }
+
+
+def _nearest_rank(ordered: list[float], q: float) -> float:
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]

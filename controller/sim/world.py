@@ -1,0 +1,267 @@
+"""The simulated world: machines, instances, the proving queue, arrivals and stats.
+
+`step(t)` moves the world to time `t` (one short sub-step), in this order:
+
+1. tasks whose service ended by `t` complete (their queue wait is recorded);
+2. each live instance, by id, applies its scheduled events due by `t`, at their own times
+   (lifecycle stages, daemon deaths and restarts, reboots, exits, freezes, task releases);
+3. tasks arriving by `t` are posted (synthetic process or trace);
+4. eligible nodes claim pending tasks, oldest first, up to their free slots.
+
+Operations (launch, destroy, reboot, ...) act at the `now` they are given. No I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from controller.model import Demand
+from controller.providers.base import PermanentProviderError
+from controller.sim import lifecycle
+from controller.sim.arrivals import draw_service_s, draw_task_name, next_synthetic_arrival
+from controller.sim.config import SimConfig
+from controller.sim.instance import SimInstance
+from controller.sim.machines import Machine, choose_machine, generate_machines
+from controller.sim.queue import Task, TaskQueue
+from controller.sim.stats import Stats
+from controller.sim.trace import TraceTask, load_trace
+
+log = logging.getLogger(__name__)
+
+FIRST_INSTANCE_ID = 10001
+
+
+class World:
+    """Everything that changes in a simulation except the clock and the RNG it is handed."""
+
+    def __init__(self, config: SimConfig, rng: random.Random, state: Mapping[str, Any]) -> None:
+        self.config = config
+        self._rng = rng
+        self.start: float = state["start"]
+        self.machines = {m["machine_id"]: Machine.from_json(m) for m in state["machines"]}
+        self._instances = {i["id"]: SimInstance.from_json(i) for i in state["instances"]}
+        self._next_instance_id: int = state["next_instance_id"]
+        self.queue = TaskQueue.from_json(state["queue"])
+        self._next_arrival_at: float | None = state["next_arrival_at"]
+        self._trace_index: int = state["trace_index"]
+        self._next_odd_at: float | None = state.get("next_odd_at")
+        self.counters = Stats.from_json(state["stats"])
+        self._trace: list[TraceTask] = self._load_trace()
+
+    @classmethod
+    def create(cls, config: SimConfig, rng: random.Random, start: float) -> World:
+        """A new world: machines drawn from `rng`, no instances, an empty queue."""
+        machines = generate_machines(config, rng)
+        first_arrival = None
+        if config.demand == "synthetic":
+            first_arrival = next_synthetic_arrival(start, start, config, rng)
+        state = {
+            "start": start,
+            "machines": [m.to_json() for m in machines],
+            "instances": [],
+            "next_instance_id": FIRST_INSTANCE_ID,
+            "queue": TaskQueue().to_json(),
+            "next_arrival_at": first_arrival,
+            "trace_index": 0,
+            "stats": Stats().to_json(),
+            "next_odd_at": _next_odd(start, config, rng),
+        }
+        return cls(config, rng, state)
+
+    def to_json(self) -> dict[str, Any]:
+        """The world's state as plain JSON data (the RNG and config are the caller's)."""
+        return {
+            "start": self.start,
+            "machines": [m.to_json() for m in self.machines.values()],
+            "instances": [i.to_json() for i in self._instances.values()],
+            "next_instance_id": self._next_instance_id,
+            "queue": self.queue.to_json(),
+            "next_arrival_at": self._next_arrival_at,
+            "trace_index": self._trace_index,
+            "stats": self.counters.to_json(),
+            "next_odd_at": self._next_odd_at,
+        }
+
+    def _load_trace(self) -> list[TraceTask]:
+        if self.config.demand != "trace" or self.config.trace_path is None:
+            return []
+        return load_trace(
+            self.config.trace_path,
+            time_scale=self.config.trace_time_scale,
+            service_scale=self.config.trace_service_scale,
+        )
+
+    # --- moving time
+
+    def step(self, t: float) -> None:
+        """Move the world to `t` (see the module docstring for the order)."""
+        self._complete(t)
+        for inst in self.live_instances():
+            self._run_events(inst, t)
+        self._odd_status(t)
+        self._arrive(t)
+        self._claim(t)
+
+    def _complete(self, t: float) -> None:
+        for task in self.queue.complete_due(t):
+            self.counters.tasks_completed += 1
+            if task.first_claimed_at is not None:
+                self.counters.waits.append(task.first_claimed_at - task.posted)
+
+    def _run_events(self, inst: SimInstance, t: float) -> None:
+        machine = self.machines[inst.machine_id]
+        while (due := inst.next_event()) is not None and due[0] <= t:
+            when, kind = due
+            effect = lifecycle.apply_event(inst, kind, when, machine, self.config, self._rng)
+            self._task_effect(inst.id, effect)
+
+    def _odd_status(self, t: float) -> None:
+        """The fleet-wide process: now and then a running instance freezes."""
+        while self._next_odd_at is not None and self._next_odd_at <= t:
+            when = self._next_odd_at
+            running = [i for i in self.live_instances() if i.status == "running"]
+            if running:
+                victim = self._rng.choice(running)
+                self._task_effect(victim.id, lifecycle.lose(victim, "frozen", when, self.config))
+            self._next_odd_at = _next_odd(when, self.config, self._rng)
+
+    def _task_effect(self, instance_id: str, effect: lifecycle.Effect) -> None:
+        if effect == "release":
+            self.counters.tasks_released += self.queue.release_owned(instance_id)
+        elif effect == "stall":
+            self.queue.stall_owned(instance_id)
+
+    def _arrive(self, t: float) -> None:
+        if self.config.demand == "synthetic":
+            while self._next_arrival_at is not None and self._next_arrival_at <= t:
+                posted = self._next_arrival_at
+                self._post(posted, draw_service_s(self.config, self._rng))
+                self._next_arrival_at = next_synthetic_arrival(
+                    posted, self.start, self.config, self._rng
+                )
+            return
+        while self._trace_index < len(self._trace):
+            task = self._trace[self._trace_index]
+            if self.start + task.arrival_s > t:
+                break
+            self._post(self.start + task.arrival_s, task.service_s)
+            self._trace_index += 1
+
+    def _post(self, posted: float, base_s: float) -> None:
+        self.queue.add(draw_task_name(self.config, self._rng), posted, base_s)
+        self.counters.tasks_arrived += 1
+
+    def _claim(self, t: float) -> None:
+        if not self.queue.has_pending():
+            return
+        for inst in self.live_instances():
+            if not self._can_claim(inst):
+                continue
+            for _ in range(self.config.slots_per_instance - self.queue.owned_count(inst.id)):
+                if self.queue.claim_oldest(inst.id, t, self._service_time(inst)) is None:
+                    return
+
+    def _service_time(self, inst: SimInstance) -> Callable[[Task], float]:
+        """How long `inst` takes over a task: base x reference rate / its bench rate."""
+        factor = self.config.reference_rate / (inst.bench_rate or self.config.reference_rate)
+        return lambda task: task.base_s * factor
+
+    @staticmethod
+    def _can_claim(inst: SimInstance) -> bool:
+        return (
+            inst.status == "running"
+            and inst.stage == "running"
+            and inst.daemon == "up"
+            and inst.sidecar == "up"
+            and not inst.drained
+            and (inst.bench_rate or 0.0) > 0.0
+        )
+
+    # --- operations
+
+    def live_instances(self) -> list[SimInstance]:
+        """Instances not destroyed, by numeric id."""
+        return sorted(self._instances.values(), key=lambda i: int(i.id))
+
+    def get(self, instance_id: str) -> SimInstance:
+        """The live instance `instance_id`; PermanentProviderError if there is none."""
+        inst = self._instances.get(instance_id)
+        if inst is None:
+            raise PermanentProviderError(f"no instance {instance_id!r}")
+        return inst
+
+    def launch(
+        self,
+        label: str,
+        now: float,
+        *,
+        exclude: frozenset[str] = frozenset(),
+        prefer_rates: Mapping[str, float] | None = None,
+        max_dph: float | None = None,
+    ) -> str:
+        """Rent the best rentable machine (see machines.choose_machine); returns the new id."""
+        busy = frozenset(i.machine_id for i in self._instances.values())
+        machine = choose_machine(
+            self.machines.values(),
+            busy=busy,
+            exclude=exclude,
+            prefer_rates=prefer_rates or {},
+            max_dph=max_dph,
+        )
+        if machine is None:
+            raise PermanentProviderError(
+                f"no offer matches label {label!r}: {len(self.machines)} machines, "
+                f"{len(busy)} rented, {len(exclude)} excluded, max_dph {max_dph!r}"
+            )
+        instance_id = str(self._next_instance_id)
+        self._next_instance_id += 1
+        inst = lifecycle.new_instance(instance_id, label, machine, now, self.config, self._rng)
+        self._instances[instance_id] = inst
+        self.counters.instances_launched += 1
+        log.info("sim: launched %s (%r) on %s at %.0f", instance_id, label, machine.machine_id, now)
+        return instance_id
+
+    def destroy(self, instance_id: str, now: float) -> None:
+        """The instance disappears now: billing stops and its tasks go back to pending."""
+        inst = self.get(instance_id)
+        self.counters.tasks_released += self.queue.release_owned(instance_id)
+        machine = self.machines[inst.machine_id]
+        self.counters.close_billing(machine.dph, machine.num_gpus, inst.billed_s(now))
+        self.counters.instances_destroyed += 1
+        del self._instances[instance_id]
+        log.info("sim: destroyed instance %s at %.0f", instance_id, now)
+
+    def reboot(self, instance_id: str, now: float) -> None:
+        """Restart the container (see lifecycle.reboot)."""
+        inst = self.get(instance_id)
+        self._task_effect(instance_id, lifecycle.reboot(inst, now, self.config))
+
+    def restart_daemon(self, instance_id: str, now: float) -> None:
+        """Restart the proving daemon (see lifecycle.restart_daemon)."""
+        inst = self.get(instance_id)
+        self._task_effect(instance_id, lifecycle.restart_daemon(inst, now, self.config))
+
+    def drain(self, instance_id: str) -> None:
+        """The instance's node claims no new tasks from now on."""
+        self.get(instance_id).drained = True
+
+    def demand(self, now: float) -> list[Demand]:
+        """The queue as the demand sensor reports it."""
+        return self.queue.demand(now)
+
+    def stats(self, now: float) -> dict[str, Any]:
+        """Totals so far; live instances are billed up to `now`."""
+        bills = []
+        for inst in self._instances.values():
+            machine = self.machines[inst.machine_id]
+            bills.append((machine.dph, machine.num_gpus, inst.billed_s(now)))
+        return self.counters.summary(bills)
+
+
+def _next_odd(t: float, config: SimConfig, rng: random.Random) -> float | None:
+    if config.odd_status_per_h <= 0:
+        return None
+    return t + rng.expovariate(config.odd_status_per_h / 3600.0)
