@@ -1,0 +1,94 @@
+"""Answers to escalations: approve (with the proposed or a named action), deny, expire.
+
+An approved answer becomes a proposal from `human:<who>` on the next tick and passes the same
+guards as any other; the journal links the action back to the escalation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller import actions
+from controller.journal import Journal
+from controller.model import Proposal
+
+
+class ApprovalError(ValueError):
+    """The answer cannot be taken (unknown id, already answered, invalid action)."""
+
+
+def _pending(journal: Journal, esc_id: int) -> dict[str, Any]:
+    esc = journal.escalation(esc_id)
+    if esc is None:
+        raise ApprovalError(f"no escalation #{esc_id}")
+    if esc["status"] != "pending":
+        raise ApprovalError(f"escalation #{esc_id} is {esc['status']}, not pending")
+    return esc
+
+
+def approve(journal: Journal, esc_id: int, *, by: str, now: float, action: str | None = None,
+            params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Approve escalation `esc_id`: its first proposal, or `action` with `params`."""
+    esc = _pending(journal, esc_id)
+    proposals = esc["situation"].get("proposals") or []
+    if action is None:
+        if not proposals:
+            raise ApprovalError(f"escalation #{esc_id} has no proposed action: name one with "
+                                f"--action (one of {', '.join(actions.ACTIONS)})")
+        action, params = proposals[0]["action"], proposals[0]["params"]
+    elif params is None and proposals and proposals[0]["action"] == action:
+        params = proposals[0]["params"]
+    try:
+        checked = actions.validate(action, params or _default_params(esc, action))
+    except actions.ActionError as exc:
+        raise ApprovalError(str(exc)) from exc
+    answer = {"action": action, "params": checked}
+    if not journal.answer(esc_id, status="approved", by=by, now=now, answer=answer):
+        raise ApprovalError(f"escalation #{esc_id} was answered meanwhile")
+    return answer
+
+
+def _default_params(esc: dict[str, Any], action: str) -> dict[str, Any]:
+    """Fill the obvious target: `--action replace` on an instance situation means that one."""
+    kind, _, ident = str(esc["subject"]).partition(":")
+    schema = actions.ACTIONS[action].model_fields
+    if kind == "instance" and "instance" in schema:
+        return {"instance": ident}
+    if "reason" in schema:
+        return {"reason": f"answer to escalation #{esc['id']}"}
+    return {}
+
+
+def deny(journal: Journal, esc_id: int, *, by: str, now: float) -> None:
+    _pending(journal, esc_id)
+    if not journal.answer(esc_id, status="denied", by=by, now=now, answer=None):
+        raise ApprovalError(f"escalation #{esc_id} was answered meanwhile")
+
+
+def approved_proposals(journal: Journal) -> list[Proposal]:
+    """Approved answers not yet carried out, as proposals for this tick."""
+    out = []
+    for esc in journal.escalations(status="approved"):
+        ans = esc["answer"] or {}
+        out.append(Proposal(
+            action=ans["action"], params=ans["params"], proposer=f"human:{esc['answered_by']}",
+            reason=f"approved escalation #{esc['id']}: {esc['summary']}", confidence=1.0,
+            priority=1000, escalation_id=int(esc["id"]),
+        ))  # fmt: skip
+    return out
+
+
+def expire(journal: Journal, now: float) -> list[Proposal]:
+    """Close pending escalations past their deadline; their default actions, as proposals."""
+    out = []
+    for esc in journal.escalations(status="pending"):
+        if esc["deadline"] > now:
+            continue
+        if journal.answer(int(esc["id"]), status="expired", by="deadline", now=now, answer=None):
+            default = esc["default_action"] or {"action": "hold", "params": {}}
+            out.append(Proposal(
+                action=default["action"], params=default.get("params", {}),
+                proposer=f"deadline:#{esc['id']}", reason=f"no answer to escalation #{esc['id']} "
+                "before its deadline: default action", confidence=1.0, priority=-1,
+            ))  # fmt: skip
+    return out
