@@ -1,0 +1,130 @@
+"""Assemble a controller from the config: journal, provider, demand, rules, escalation.
+
+The embedded default (no config) is the built-in simulator on virtual time and SQLite in the
+state directory. The simulator's world is saved in the journal after every tick, so consecutive
+`fleetgate tick` runs continue the same world.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from controller.config import Config, rules_paths
+from controller.journal import Journal
+from controller.loop import Controller
+from controller.rules_source import RulesSource
+from controller.settings import DecideSettings
+from controller.sim import SimConfig, Simulation
+from escalation.channels.base import Channel
+from escalation.channels.console import ConsoleChannel
+from escalation.channels.file import FileChannel
+from escalation.notify import Notifier
+from escalation.render import Renderer
+from escalation.router import Escalator
+
+log = logging.getLogger(__name__)
+
+SIM_KEY = "sim.state"
+
+
+@dataclass
+class App:
+    config: Config
+    state: Path
+    journal: Journal
+    controller: Controller
+    sim: Simulation | None
+
+    def close(self) -> None:
+        self.journal.close()
+
+
+def decide_settings(config: Config) -> DecideSettings:
+    values = {**DecideSettings().values, **config.settings}
+    return DecideSettings(gate=config.gate, guards=config.guards, values=values)
+
+
+def load_sim(journal: Journal, config: Config, seed: int | None) -> Simulation:
+    """The saved world, or a new one (from --seed, else the config's seed)."""
+    saved = journal.get(SIM_KEY)
+    if saved is not None:
+        sim = Simulation.from_json(saved)
+        if seed is not None and seed != sim.seed:
+            log.warning("this state directory continues a world of seed %d; --seed %d ignored "
+                        "(use a new --state for a new world)", sim.seed, seed)
+        return sim
+    world = SimConfig.model_validate(config.sim.world)
+    return Simulation(world, config.sim.seed if seed is None else seed)
+
+
+def cli_prefix(config_path: str | None, state: Path) -> str:
+    parts = ["fleetgate"]
+    if config_path:
+        parts += ["--config", config_path]
+    if str(state) != ".fleetgate":
+        parts += ["--state", str(state)]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def channels(config: Config, state: Path) -> list[Channel]:
+    out: list[Channel] = []
+    for name in config.escalation.channels:
+        if name == "console":
+            out.append(ConsoleChannel(sys.stdout))
+        elif name == "file":
+            path = Path(config.escalation.file)
+            out.append(FileChannel(path if path.is_absolute() else state / path))
+    return out
+
+
+def build(config: Config, state: Path, *, config_path: str | None = None,
+          seed: int | None = None, rules: list[str] | None = None) -> App:
+    journal = Journal(state / "journal.db")
+    source = RulesSource(rules_paths(config, rules))
+    sim = load_sim(journal, config, seed)
+    step = config.sim.seconds_per_tick
+    renderer = Renderer(config.escalation.templates_dir)
+    escalator = Escalator(journal, Notifier(channels(config, state), renderer),
+                          window_s=config.escalation.dedup_window_s,
+                          deadline_s=config.escalation.deadline_s,
+                          cli_prefix=cli_prefix(config_path, state))
+
+    def save() -> None:
+        journal.put(SIM_KEY, sim.to_json())
+
+    controller = Controller(
+        journal=journal, provider=sim.provider, demand=sim.provider, rules=source,
+        settings=decide_settings(config), escalator=escalator, clock=sim.now,
+        before_tick=lambda: sim.advance(step), after_tick=save,
+    )  # fmt: skip
+    return App(config, state, journal, controller, sim)
+
+
+def status(app: App) -> dict[str, Any]:
+    """What `fleetgate status` shows: the fleet, the queue, the last tick, what waits on people."""
+    j = app.journal
+    last = j.ticks(1)
+    instances = app.sim.provider.list_instances() if app.sim else []
+    by_stage: dict[str, int] = {}
+    for i in instances:
+        key = i.stage if i.status == "running" else i.status
+        by_stage[key] = by_stage.get(key, 0) + 1
+    demand = {d.task: {"pending": d.pending, "running": d.running}
+              for d in (app.sim.provider.demand() if app.sim else [])}
+    return {
+        "provider": app.config.provider,
+        "paused": bool(j.get("paused", False)) or app.config.guards.paused,
+        "rules": app.controller.rules.book.digest,
+        "last_tick": last[0] if last else None,
+        "instances": len(instances),
+        "by_stage": by_stage,
+        "spend_per_h": round(sum(i.dph for i in instances), 4),
+        "demand": demand,
+        "pending_escalations": len(j.escalations(status="pending")),
+        "sim": app.sim.stats if app.sim else None,
+    }

@@ -1,0 +1,182 @@
+"""The `fleetgate` command.
+
+    fleetgate [--config FILE] [--state DIR] COMMAND
+      run [--ticks N] [--seed S]   ticks on the configured interval until stopped (or N ticks)
+      tick                         exactly one tick (for cron); continues from the journal
+      check [PATHS...]             validate rules and config; `path:line: message` on errors
+      explain [--json]             sense once, show facts → rules → plan → escalations; no changes
+      test-rules [PATHS...]        run rule unit tests (rules/tests/*.yaml)
+      actions [--json] [--all]     what the controller did (and, with --all, decided not to do)
+      escalations list|show|approve|deny
+      status [--json]
+      pause | resume
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from controller import actions as vocabulary
+from controller.app import App, build, status
+from controller.config import ConfigError, load_config, rules_paths, state_dir
+from controller.rulebook import RulesError
+from controller.rules_source import read_rulebook
+from controller.schedule import Runner
+from escalation import approvals
+
+log = logging.getLogger("fleetgate")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fleetgate", description=__doc__.split("\n\n")[0] if __doc__
+                                else None, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", metavar="FILE", help="config file (default: built-in simulator)")
+    p.add_argument("--state", metavar="DIR", help="state directory (default: ./.fleetgate)")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--log-format", default="text", choices=["text", "json"])
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = sub.add_parser("run", help="tick on the configured interval until stopped")
+    run.add_argument("--ticks", type=int, help="stop after N ticks")
+    run.add_argument("--seed", type=int, help="simulator seed for a new state directory")
+    sub.add_parser("tick", help="run exactly one tick and exit")
+    check = sub.add_parser("check", help="validate rules files and the config")
+    check.add_argument("paths", nargs="*")
+    explain = sub.add_parser("explain", help="show what a tick would do; changes nothing")
+    explain.add_argument("--json", action="store_true")
+    tr = sub.add_parser("test-rules", help="run rule unit tests")
+    tr.add_argument("paths", nargs="*")
+    acts = sub.add_parser("actions", help="the journal of actions")
+    acts.add_argument("--json", action="store_true")
+    acts.add_argument("--all", action="store_true", help="also vetoed, asked, superseded ones")
+    acts.add_argument("--limit", type=int, default=100)
+    esc = sub.add_parser("escalations", help="list, show, approve or deny escalations")
+    esc_sub = esc.add_subparsers(dest="esc_command", required=True, metavar="SUBCOMMAND")
+    lst = esc_sub.add_parser("list")
+    lst.add_argument("--json", action="store_true")
+    lst.add_argument("--status", choices=["pending", "approved", "denied", "expired", "executed",
+                                          "vetoed", "failed"])
+    show = esc_sub.add_parser("show")
+    show.add_argument("id", type=int)
+    show.add_argument("--json", action="store_true")
+    for name in ("approve", "deny"):
+        a = esc_sub.add_parser(name)
+        a.add_argument("id", type=int)
+        a.add_argument("--by", default=None, help="who answers (default: your user name)")
+        if name == "approve":
+            a.add_argument("--action", choices=list(vocabulary.ACTIONS))
+            a.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                           help="action parameter (repeatable); values are JSON or text")
+    st = sub.add_parser("status", help="fleet, queue, last tick, pending escalations")
+    st.add_argument("--json", action="store_true")
+    sub.add_parser("pause", help="stop acting (decisions are still made and recorded)")
+    sub.add_parser("resume", help="act again")
+    return p
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps({"ts": record.created, "level": record.levelname, "logger": record.name,
+                           "msg": record.getMessage()})
+
+
+def _logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_JsonFormatter() if fmt == "json" else
+                         logging.Formatter("%(asctime)s %(levelname)-7s %(message)s", "%H:%M:%S"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+
+
+def _emit(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=True, default=str))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    _logging(args.log_level, args.log_format)
+    try:
+        return _dispatch(args)
+    except (ConfigError, RulesError) as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    except approvals.ApprovalError as exc:
+        print(f"fleetgate: {exc}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    from controller import commands  # the command bodies
+
+    config = load_config(args.config)
+    state = state_dir(config, args.state)
+    if args.command == "check":
+        return commands.check(args, config)
+    if args.command == "test-rules":
+        return commands.test_rules(args.paths or [str(p / "tests") for p in rules_paths(config)])
+    app = build(config, state, config_path=args.config, seed=getattr(args, "seed", None))
+    try:
+        return _with_app(app, args)
+    finally:
+        app.close()
+
+
+def _with_app(app: App, args: argparse.Namespace) -> int:
+    from controller import commands
+
+    cmd = args.command
+    if cmd == "run":
+        runner = Runner(app.controller.tick, app.config.interval_s, args.ticks)
+        log.info("fleetgate running: %s, rules %s, every %.2fs%s", app.config.provider,
+                 app.controller.rules.book.digest, app.config.interval_s,
+                 f", {args.ticks} ticks" if args.ticks else "")
+        done = runner.run()
+        log.info("stopped after %d tick(s) (%d failed)", done, runner.failed)
+        return 0
+    if cmd == "tick":
+        app.controller.tick()
+        return 0
+    if cmd == "explain":
+        return commands.explain(app, args.json)
+    if cmd == "actions":
+        rows = app.journal.actions(args.limit, executed_only=not args.all)
+        if args.json:
+            _emit(rows)
+        else:
+            commands.print_actions(rows)
+        return 0
+    if cmd == "escalations":
+        return commands.escalations(app, args, by=args.__dict__.get("by") or _user())
+    if cmd == "status":
+        st = status(app)
+        _emit(st) if args.json else commands.print_status(st)
+        return 0
+    if cmd in ("pause", "resume"):
+        app.journal.put("paused", cmd == "pause")
+        print("paused: decisions are recorded, nothing is acted on" if cmd == "pause"
+              else "resumed: acting again")
+        return 0
+    raise AssertionError(cmd)
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "operator"
+
+
+def now() -> float:
+    """Wall clock for answers given from the CLI (the controller's own clock is passed in)."""
+    return time.time()
+
+
+__all__ = ["main", "read_rulebook"]

@@ -1,0 +1,172 @@
+"""Bodies of the read-mostly commands: check, test-rules, explain, actions, escalations, status."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from controller.app import App
+from controller.config import Config, ConfigError, load_config, rules_paths
+from controller.loop import Planned
+from controller.rulebook import RulesError
+from controller.rules_source import read_rulebook
+from controller.ruletest import run_files
+from escalation import approvals
+
+
+def _ts(t: float | None) -> str:
+    if t is None:
+        return "-"
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _brief(d: dict[str, Any] | None) -> str:
+    return " ".join(f"{k}={v}" for k, v in (d or {}).items())
+
+
+def check(args: argparse.Namespace, config: Config) -> int:
+    """Rules (the given paths, else the configured ones) and the config; errors as path:line."""
+    failed = False
+    if args.config:
+        try:
+            load_config(args.config)
+        except ConfigError as exc:
+            print(exc, file=sys.stderr)
+            failed = True
+    paths = [Path(p) for p in args.paths] or rules_paths(config)
+    try:
+        book = read_rulebook(paths)
+    except RulesError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    if failed:
+        return 1
+    print(f"ok: {len(book.rules)} rules in {len(book.paths)} file(s), digest {book.digest}")
+    return 0
+
+
+def test_rules(paths: Sequence[str]) -> int:
+    results = run_files([Path(p) for p in paths])
+    failed = [r for r in results if not r.ok]
+    for r in results:
+        print(f"{'PASS' if r.ok else 'FAIL'} {r.where}: {r.name}")
+        for line in r.problems:
+            print(f"    {line}")
+    print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+    return 1 if failed or not results else 0
+
+
+def explain_doc(p: Planned) -> dict[str, Any]:
+    return {
+        "now": p.now,
+        "facts": p.facts,
+        "matches": [{"rule": m.rule, "abnormal": m.abnormal_kind, "facts": m.facts}
+                    for m in p.matches],
+        "plan": [{"verdict": d.verdict, "action": d.effective_action, "params": d.effective_params,
+                  "proposer": d.proposal.proposer, "confidence": d.proposal.confidence,
+                  "why": d.why, "guard": d.guard} for d in p.plan.decisions],
+        "escalations": [{"kind": d.kind, "subject": d.subject, "summary": d.summary}
+                        for d in p.doubts],
+        "unmatched": list(p.decided.unmatched),
+    }
+
+
+def explain(app: App, as_json: bool) -> int:
+    planned = app.controller.plan(app.controller.clock(), write=False)
+    doc = explain_doc(planned)
+    if as_json:
+        print(json.dumps(doc, indent=2, sort_keys=True, default=str))
+        return 0
+    print(f"now {_ts(planned.now)}: {len(planned.facts)} facts, rules {app.controller.rules.book.digest}")
+    print("\nfacts:")
+    for f in planned.facts:
+        keys = ("status", "stage", "daemon", "sidecar", "tasks_running", "stage_age_s",
+                "restarts_1h", "pending", "running", "instances", "active", "state", "task")
+        print(f"  {f['kind']:<8} {f['id']:<18} " + " ".join(f"{k}={f[k]}" for k in keys if k in f))
+    print("\nmatching rules:")
+    rules = [m for m in planned.matches if m.rule]
+    for m in rules:
+        print(f"  {m.rule:<34} ← {', '.join(m.facts.values())}")
+    if not rules:
+        print("  (none)")
+    print("\nplan:")
+    for d in doc["plan"]:
+        print(f"  {d['verdict']:<10} {d['action']} {_brief(d['params'])} ← {d['proposer']}: {d['why']}")
+    if not doc["plan"]:
+        print("  (nothing to do)")
+    print("\nwould escalate:")
+    for e in doc["escalations"]:
+        print(f"  {e['kind']:<16} {e['subject']}: {e['summary']}")
+    if not doc["escalations"]:
+        print("  (nothing)")
+    return 0
+
+
+def print_actions(rows: list[dict[str, Any]]) -> None:
+    for r in rows:
+        print(f"#{r['id']:<5} {_ts(r['at'])} {r['verdict']:<10} {r['status']:<8} {r['action']:<14} "
+              f"{_brief(r['params']):<28} ← {r['proposer']}: {r['why']}")
+    if not rows:
+        print("(no actions)")
+
+
+def escalations(app: App, args: argparse.Namespace, by: str) -> int:
+    j, sub = app.journal, args.esc_command
+    if sub == "list":
+        rows = j.escalations(status=args.status)
+        if args.json:
+            print(json.dumps(rows, indent=2, sort_keys=True, default=str))
+        else:
+            for e in rows:
+                print(f"#{e['id']:<4} {_ts(e['created_at'])} {e['status']:<9} {e['kind']:<16} "
+                      f"{e['subject']}: {e['summary']}")
+            if not rows:
+                print("(no escalations)")
+        return 0
+    if sub == "show":
+        esc = j.escalation(args.id)
+        if esc is None:
+            raise approvals.ApprovalError(f"no escalation #{args.id}")
+        esc["deliveries"] = j.deliveries(args.id)
+        print(json.dumps(esc, indent=2, sort_keys=True, default=str))
+        return 0
+    now = app.controller.clock()
+    if sub == "deny":
+        approvals.deny(j, args.id, by=by, now=now)
+        print(f"escalation #{args.id} denied by {by}")
+        return 0
+    params = _params(args.param) if args.param else None
+    answer = approvals.approve(j, args.id, by=by, now=now, action=args.action, params=params)
+    print(f"escalation #{args.id} approved by {by}: {answer['action']} {_brief(answer['params'])} "
+          "runs through the guards on the next tick")
+    return 0
+
+
+def _params(pairs: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep:
+            raise approvals.ApprovalError(f"--param {pair!r}: expected KEY=VALUE")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
+def print_status(st: dict[str, Any]) -> None:
+    last = st["last_tick"]
+    print(f"provider {st['provider']}  rules {st['rules']}  paused {st['paused']}")
+    if last:
+        print(f"last tick #{last['id']} at {_ts(last['started_at'])}: {_brief(last['summary'])}")
+    stages = ", ".join(f"{k} {v}" for k, v in sorted(st["by_stage"].items()))
+    print(f"instances {st['instances']} ({stages or 'none'}), spend ${st['spend_per_h']}/h")
+    queue = {task: f"{v['pending']} pending/{v['running']} running" for task, v in st["demand"].items()}
+    print(f"demand: {_brief(queue)}")
+    print(f"pending escalations: {st['pending_escalations']}")

@@ -1,0 +1,103 @@
+"""The only module that imports durable_rules.
+
+durable_rules (2.0.28, unmaintained since 2020) keeps global state, starts timer threads from
+`engine.Host`, has no locking, swallows exceptions raised in action callbacks and cannot replace
+a registered ruleset. This adapter makes it a pure-looking function `match(facts) -> matches`:
+
+- a Host subclass that never starts the dispatch/timer threads; actions fire synchronously
+  inside `assert_facts`;
+- every rulebook is registered under a fresh ruleset name (its digest plus a counter), so a
+  reload never collides with the old one;
+- each call uses its own session id (`sid`) and deletes that session's state afterwards: no rule
+  state survives between ticks;
+- every batch carries a marker fact that a no-op rule fires on: durable_rules segfaults in
+  `delete_state` for a session in which no action ever ran;
+- callbacks only record (rule key, {alias: fact id}); they cannot raise;
+- one lock serialises all use, since the library has none.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from durable import engine as _dr
+
+from controller.compile import SINK, TICK, TICK_KIND
+from controller.engine_types import Match
+from controller.rulebook import Rulebook
+
+_LOCK = threading.Lock()
+_COUNTER = itertools.count(1)
+
+
+class EngineError(RuntimeError):
+    """durable_rules refused a ruleset or a batch of facts."""
+
+
+class _QuietHost(_dr.Host):  # type: ignore[misc]
+    """A Host without background dispatch threads (all actions run inside assert_facts)."""
+
+    def _run(self) -> None:
+        return None
+
+
+_HOST: _QuietHost | None = None
+
+
+def _host() -> _QuietHost:
+    global _HOST
+    if _HOST is None:
+        _HOST = _QuietHost()
+    return _HOST
+
+
+class Engine:
+    """A compiled rulebook registered in durable_rules, matched one batch of facts at a time."""
+
+    def __init__(self, book: Rulebook) -> None:
+        self.book = book
+        self._fired: list[Match] = []
+        self._name = f"fleetgate_{book.digest or 'rules'}_{next(_COUNTER)}"
+        definition: dict[str, Any] = {}
+        for key, rule in book.definition.items():
+            definition[key] = dict(rule, run=self._recorder(key))
+        try:
+            with _LOCK:
+                _host().register_rulesets({self._name: definition})
+        except Exception as exc:  # the C extension raises its own error type
+            raise EngineError(f"durable_rules refused the rules ({book.digest}): {exc}") from exc
+        self._sids = itertools.count(1)
+
+    def _recorder(self, key: str) -> Any:
+        fired = self._fired
+
+        def record(c: Any) -> None:
+            message = getattr(c, "_m", None) or {}
+            fired.append(Match(key, {alias: str(f.get("id")) for alias, f in message.items()}))
+
+        record.__name__ = f"record_{key}"
+        return record
+
+    def match(self, facts: Sequence[dict[str, Any]], stamp: float) -> list[Match]:
+        """Assert `facts` in a fresh session, return what fired, drop the session."""
+        sid = f"{self._name}.{next(self._sids)}"
+        batch = [{"kind": TICK_KIND, "id": TICK_KIND, "sid": sid, "t": stamp}]
+        batch += [dict(f, sid=sid, t=stamp) for f in facts]
+        with _LOCK:
+            self._fired.clear()
+            host = _host()
+            try:
+                host.assert_facts(self._name, batch)
+            except (_dr.MessageNotHandledException, _dr.MessageObservedException) as exc:
+                raise EngineError(f"durable_rules rejected the batch: {type(exc).__name__}") from exc
+            finally:
+                try:
+                    host.delete_state(self._name, sid)
+                except Exception:  # noqa: BLE001 - a missing session is nothing to clean
+                    pass
+            fired = [m for m in self._fired if m.key not in (SINK, TICK)]
+            self._fired.clear()
+        return fired

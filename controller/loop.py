@@ -1,0 +1,207 @@
+"""One tick of the controller, and the plan it acts on.
+
+`Controller.plan(now)` senses and decides without writing anything (what `fleetgate explain`
+prints). `Controller.tick()` is one whole pass:
+
+1. read the clock once (the simulator's virtual clock advances first);
+2. sense: fleet listing and demand; a failure is a failed sensor, never "empty";
+3. track: update per-instance history (stage, status, deaths, restarts, benchmarks);
+4. facts: observation + history → flat facts with derived temporal fields;
+5. match: the rule engine says which rules fired and which facts are outside `normal`;
+6. decide: proposals (rules, approved answers, expired defaults, replacement follow-ups),
+   unmatched facts, conflicts, the confidence/autonomy gate;
+7. guards: limits, budgets, cooldowns, drain before destroy, sensing holds;
+8. journal each decision (intent before acting) and act on the allowed ones;
+9. escalate what rules could not decide (deduplicated), and record the tick.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from controller import guards
+from controller.act import Actuator
+from controller.decide import Decided, Doubt, decide
+from controller.engine_types import Match
+from controller.facts import build_facts
+from controller.journal import Journal
+from controller.model import Decision, Observation, Plan, Proposal, SensorStatus
+from controller.providers.base import DemandSensor, Provider, ProviderError, SensorError
+from controller.rules_source import RulesSource
+from controller.settings import DecideSettings
+from controller.track import Event, History, Track, advance
+from escalation import approvals
+from escalation.router import Escalator
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Planned:
+    """Everything one tick worked out before acting (what `explain` shows)."""
+
+    now: float
+    observation: Observation
+    history: History
+    tracks: dict[str, Track]
+    events: list[Event]
+    facts: list[dict[str, Any]]
+    matches: list[Match]
+    decided: Decided
+    plan: Plan
+    doubts: tuple[Doubt, ...]
+
+
+def sense(provider: Provider, demand: DemandSensor, now: float) -> Observation:
+    """Step 2. Each sensor independently; a failure is recorded, never read as zero."""
+    sensors = []
+    try:
+        instances = tuple(provider.list_instances())
+        sensors.append(SensorStatus("provider", "ok"))
+    except (ProviderError, SensorError) as exc:
+        instances = ()
+        sensors.append(SensorStatus("provider", "failed", str(exc)[:300]))
+        log.error("sensing: fleet listing failed: %s", exc)
+    try:
+        queue = tuple(demand.demand())
+        sensors.append(SensorStatus("demand", "ok"))
+    except (SensorError, ProviderError) as exc:
+        queue = ()
+        sensors.append(SensorStatus("demand", "failed", str(exc)[:300]))
+        log.error("sensing: demand failed: %s", exc)
+    return Observation(now, instances, queue, tuple(sensors))
+
+
+def followups(journal: Journal, obs: Observation, now: float, *, write: bool) -> list[Proposal]:
+    """Replacements in flight: destroy the old instance once its replacement runs (or late)."""
+    if not obs.sensor_ok("provider"):
+        return []
+    by_label = {i.label: i for i in obs.instances}
+    live = {i.id for i in obs.instances}
+    out = []
+    for r in journal.replacements():
+        old, new = r["old_id"], by_label.get(r["new_label"])
+        if old not in live:
+            if write:
+                journal.set_replacement(old, "done", new.id if new else None)
+            continue
+        if write and new is not None and not r["new_id"]:
+            journal.set_replacement(old, "waiting", new.id)
+        if new is not None and new.stage == "running":
+            why = f"its replacement {new.id} is running"
+        elif now >= r["deadline"]:
+            why = "its replacement did not run before the deadline"
+        else:
+            continue
+        out.append(Proposal("destroy", {"instance": old}, "controller:replace",
+                            f"replace (action #{r['action_id']}): {why}", 1.0, 100))
+    return out
+
+
+class Controller:
+    def __init__(self, *, journal: Journal, provider: Provider, demand: DemandSensor,
+                 rules: RulesSource, settings: DecideSettings, escalator: Escalator,
+                 clock: Callable[[], float], before_tick: Callable[[], None] | None = None,
+                 after_tick: Callable[[], None] | None = None) -> None:
+        self.journal = journal
+        self.provider = provider
+        self.demand = demand
+        self.rules = rules
+        self.settings = settings
+        self.escalator = escalator
+        self.clock = clock
+        self.before_tick = before_tick
+        self.after_tick = after_tick
+        self.actuator = Actuator(provider, journal, settings.guards)
+
+    def _limits(self) -> Any:
+        paused = bool(self.journal.get("paused", False)) or self.settings.guards.paused
+        return self.settings.guards.model_copy(update={"paused": paused})
+
+    def plan(self, now: float, *, write: bool = False) -> Planned:
+        """Steps 2-7: sense and decide. With write=False nothing is stored or changed."""
+        obs = sense(self.provider, self.demand, now)
+        hist = self.journal.history(now)
+        tracks, events = advance(hist, obs, now)
+        recent = tuple(e for e in events if e.kind in ("death", "restart"))
+        hist = replace(hist, instances=tracks, events=hist.events + recent)
+        facts = build_facts(obs, hist, now)
+        matches = self.rules.engine.match(facts, now)
+        extra = approvals.approved_proposals(self.journal) + followups(self.journal, obs, now,
+                                                                       write=write)
+        decided = decide(facts, matches, self.rules.book, self.settings, now, extra)
+        ctx = guards.Context({str(f["id"]): f for f in facts}, hist, self._limits(), now)
+        checked, vetoes = guards.check(decided.decisions, ctx)
+        return Planned(now, obs, hist, tracks, events, facts, matches, decided,
+                       Plan(tuple(checked)), decided.doubts + tuple(vetoes))
+
+    def tick(self) -> Planned:
+        """Steps 1-9."""
+        if self.before_tick:
+            self.before_tick()
+        now = self.clock()
+        tick_id = self.journal.start_tick(now, self.rules.book.digest)
+        expired = approvals.expire(self.journal, now)
+        planned = self.plan(now, write=True)
+        if expired:
+            extra_plan, _ = guards.check([Decision(p, "act", p.reason) for p in expired],
+                                         guards.Context({}, planned.history, self._limits(), now))
+            planned = replace(planned, plan=Plan(planned.plan.decisions + tuple(extra_plan)))
+        self.journal.save_tracks(planned.tracks, planned.events)
+        by_id = {str(f["id"]): f for f in planned.facts}
+        counts = self._carry_out(planned, tick_id, by_id)
+        fleet = by_id.get("fleet", {})
+        raised = self.escalator.raise_all(planned.doubts, fleet, self._budget(fleet, planned), now)
+        summary = {**counts, "escalated": len(raised), "doubts": len(planned.doubts),
+                   "instances": fleet.get("instances"), "pending": fleet.get("pending"),
+                   "spend_per_h": fleet.get("spend_per_h")}
+        self.journal.finish_tick(tick_id, now, summary)
+        if self.after_tick:
+            self.after_tick()
+        return planned
+
+    def _carry_out(self, planned: Planned, tick_id: int, facts: dict[str, dict[str, Any]]
+                   ) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for d in planned.plan.decisions:
+            counts[d.verdict] = counts.get(d.verdict, 0) + 1
+            if d.verdict == "noop":
+                continue
+            action_id = self._record(d, tick_id, planned.now)
+            if d.verdict == "act":
+                log.info("%s %s ← %s: %s [%s]", d.effective_action, _brief(d.effective_params),
+                         d.proposal.proposer, d.proposal.reason, d.why)
+                outcome = self.actuator.execute(d, action_id, tick_id, planned.history, planned.now,
+                                                facts)
+                status = "executed" if outcome.status != "failed" else "failed"
+            else:
+                status = {"veto": "vetoed"}.get(d.verdict, d.verdict)
+            if d.proposal.escalation_id is not None and d.verdict in ("act", "veto"):
+                self.journal.set_escalation_status(d.proposal.escalation_id, status, action_id)
+        return counts
+
+    def _record(self, d: Decision, tick_id: int, now: float) -> int:
+        status = "intent" if d.verdict == "act" else {"veto": "vetoed", "ask": "asked",
+                                                      "observe": "observed"}.get(d.verdict, d.verdict)
+        return self.journal.record(
+            tick_id=tick_id, now=now, action=d.effective_action, target=d.proposal.target,
+            params=d.effective_params, proposer=d.proposal.proposer, reason=d.proposal.reason,
+            confidence=d.proposal.confidence, verdict=d.verdict, why=d.why, guard=d.guard,
+            status=status, escalation_id=d.proposal.escalation_id,
+        )  # fmt: skip
+
+    def _budget(self, fleet: dict[str, Any], planned: Planned) -> dict[str, Any]:
+        lim = self.settings.guards
+        return {
+            "spend_left_per_h": round(lim.max_spend_per_hour - float(fleet.get("spend_per_h", 0)), 2),
+            "launches_left_1h": lim.max_launches_per_hour
+            - planned.history.launches_since(planned.now - 3600),
+            "max_instances": lim.max_instances,
+        }
+
+
+def _brief(params: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items())

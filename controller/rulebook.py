@@ -1,0 +1,339 @@
+"""Rules files: load strictly, validate, compile to durable_rules ruleset definitions.
+
+Pure: reads the text it is given (the caller reads files), imports no network, database or
+clock module, and never imports durable_rules (that is `controller.engine`'s job). The compiled
+definition is plain JSON-able data.
+
+A rules file:
+
+    normal:            # facts that match one of these need no rule
+      instance: {status: running, daemon: up}
+    rules:
+      - name: restart-silently-exited-daemon
+        when: {instance: {daemon: down, restarts_1h: {lt: 3}}}
+        then: {action: restart_daemon, instance: "{{ instance.id }}"}
+        confidence: 0.95
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller import actions
+from controller.compile import definition
+from controller.expr import Expr, ExprError, compile_expr
+from controller.facts import FIELDS
+from controller.yamlsrc import Located, LocatedList, YamlError, load
+
+OPERATORS = ("gt", "gte", "lt", "lte", "eq", "neq", "in", "matches", "exists")
+FILE_KEYS = ("normal", "rules")
+RULE_KEYS = ("name", "description", "when", "then", "confidence", "priority")
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+_NEGATE = {"gt": "lte", "gte": "lt", "lt": "gte", "lte": "gt"}
+
+
+@dataclass(frozen=True)
+class Problem:
+    path: str
+    line: int
+    message: str
+    rule: str | None = None
+
+    def __str__(self) -> str:
+        where = f"rule {self.rule!r}: " if self.rule else ""
+        return f"{self.path}:{self.line}: {where}{self.message}"
+
+
+class RulesError(ValueError):
+    """One or more rules files are invalid; `problems` says where and why."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        super().__init__("\n".join(str(p) for p in problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    description: str
+    when: dict[str, dict[str, Any]]  # kind -> pattern (as written)
+    action: str
+    params: dict[str, Expr]
+    confidence: float
+    priority: int
+    path: str
+    line: int
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(self.when)
+
+
+@dataclass(frozen=True)
+class Rulebook:
+    rules: tuple[Rule, ...]
+    normal: dict[str, tuple[dict[str, Any], ...]]
+    paths: tuple[str, ...] = ()
+    digest: str = ""
+    definition: dict[str, Any] = field(default_factory=dict)  # durable_rules, without `run`
+
+    def rule(self, name: str) -> Rule:
+        return next(r for r in self.rules if r.name == name)
+
+
+class _Collector:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.problems: list[Problem] = []
+
+    def add(self, line: int, message: str, rule: str | None = None) -> None:
+        self.problems.append(Problem(self.path, line, message, rule))
+
+
+def _line(obj: Any, fallback: int) -> int:
+    return int(getattr(obj, "line", 0)) or fallback
+
+
+def _check_value(op: str, value: Any, kinds_before: tuple[str, ...]) -> str | None:
+    if isinstance(value, dict) and set(value) == {"ref"}:
+        ref = str(value["ref"])
+        kind, _, fld = ref.partition(".")
+        if op not in ("gt", "gte", "lt", "lte", "eq", "neq"):
+            return f"operator {op!r} cannot take a reference"
+        if kind not in kinds_before:
+            return f"reference {ref!r} must name a kind listed earlier in 'when'"
+        if fld not in FIELDS.get(kind, ()):
+            return f"reference {ref!r}: unknown field {fld!r} for {kind} facts"
+        return None
+    if op == "in":
+        if not isinstance(value, list) or not value:
+            return "operator 'in' expects a non-empty list"
+        if any(isinstance(v, (dict, list)) for v in value):
+            return "operator 'in' expects a list of plain values"
+        return None
+    if op == "exists":
+        return None if isinstance(value, bool) else "operator 'exists' expects true or false"
+    if op == "matches":
+        if not isinstance(value, str):
+            return "operator 'matches' expects a regular expression string"
+        try:
+            re.compile(value)
+        except re.error as exc:
+            return f"bad regular expression {value!r}: {exc}"
+        return None
+    if isinstance(value, (dict, list)) or value is None:
+        return f"operator {op!r} expects a number, string or boolean"
+    if op in _NEGATE and not isinstance(value, (int, float)):
+        return f"operator {op!r} expects a number, got {value!r}"
+    return None
+
+
+def _check_pattern(
+    col: _Collector, kind: str, pattern: Any, line: int, rule: str | None, before: tuple[str, ...]
+) -> None:
+    if kind not in FIELDS:
+        col.add(line, f"unknown fact kind {kind!r} (expected one of {', '.join(FIELDS)})", rule)
+        return
+    if pattern is None:
+        return
+    if not isinstance(pattern, dict):
+        col.add(line, f"pattern for {kind!r} must be a mapping of field: condition", rule)
+        return
+    for fld, cond in pattern.items():
+        fline = pattern.line_of(fld) if isinstance(pattern, Located) else line
+        if fld not in FIELDS[kind]:
+            known = ", ".join(sorted(FIELDS[kind]))
+            col.add(fline, f"unknown field {fld!r} for {kind} facts (expected one of {known})", rule)
+            continue
+        if not isinstance(cond, dict):
+            if isinstance(cond, list) or cond is None:
+                col.add(fline, f"field {fld!r}: use 'in: [...]' for a list of values", rule)
+            continue
+        if set(cond) == {"ref"}:
+            col.add(fline, f"field {fld!r}: a reference needs an operator, e.g. lt: {{ref: ...}}", rule)
+            continue
+        for op, value in cond.items():
+            if op not in OPERATORS:
+                expected = ", ".join(OPERATORS)
+                col.add(fline, f"unknown operator {op!r} (expected one of {expected})", rule)
+                continue
+            problem = _check_value(op, value, before)
+            if problem:
+                col.add(fline, f"field {fld!r}: {problem}", rule)
+
+
+def _parse_rule(col: _Collector, raw: Any, line: int) -> Rule | None:
+    if not isinstance(raw, dict):
+        col.add(line, "a rule must be a mapping with name, when, then, confidence")
+        return None
+    line = _line(raw, line)
+    name = raw.get("name")
+    rname = name if isinstance(name, str) else None
+    start = len(col.problems)
+
+    def at(key: str) -> int:
+        return raw.line_of(key) if isinstance(raw, Located) else line
+
+    for key in raw:
+        if key not in RULE_KEYS:
+            col.add(at(key), f"unknown key {key!r} (expected one of {', '.join(RULE_KEYS)})", rname)
+    if not isinstance(name, str) or not _NAME.match(name):
+        col.add(at("name"), "rule needs a 'name' of lowercase letters, digits, '-', '_', '.'")
+    for key in ("when", "then", "confidence"):
+        if key not in raw:
+            col.add(line, f"missing required key {key!r}", rname)
+    when = raw.get("when")
+    if "when" in raw and (not isinstance(when, dict) or not when):
+        col.add(at("when"), "'when' must map fact kinds to patterns", rname)
+        when = None
+    before: tuple[str, ...] = ()
+    for kind, pattern in (when or {}).items():
+        kline = when.line_of(kind) if isinstance(when, Located) else line
+        _check_pattern(col, kind, pattern, _line(pattern, kline), rname, before)
+        before += (kind,)
+    confidence = raw.get("confidence", 0.0)
+    if "confidence" in raw and (
+        isinstance(confidence, bool) or not isinstance(confidence, (int, float))
+        or not 0.0 <= confidence <= 1.0
+    ):  # fmt: skip
+        col.add(at("confidence"), f"confidence must be a number from 0 to 1, got {confidence!r}", rname)
+    priority = raw.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        col.add(at("priority"), f"priority must be an integer, got {priority!r}", rname)
+    params = _parse_then(col, raw.get("then"), at("then"), rname, tuple(when or ()))
+    if len(col.problems) > start or params is None or not isinstance(when, dict):
+        return None
+    description = raw.get("description", "")
+    return Rule(
+        name=str(name), description=str(description or "").strip(), when=dict(when),
+        action=params[0], params=params[1], confidence=float(confidence), priority=int(priority),
+        path=col.path, line=line,
+    )  # fmt: skip
+
+
+def _parse_then(
+    col: _Collector, then: Any, line: int, rule: str | None, kinds: tuple[str, ...]
+) -> tuple[str, dict[str, Expr]] | None:
+    if then is None:
+        return None
+    if not isinstance(then, dict) or not isinstance(then.get("action"), str):
+        col.add(line, "'then' must be a mapping with an 'action'", rule)
+        return None
+    action = then["action"]
+    schema = actions.ACTIONS.get(action)
+    if schema is None:
+        col.add(line, f"unknown action {action!r} (expected one of {', '.join(actions.ACTIONS)})", rule)
+        return None
+    allowed = {f.alias or n for n, f in schema.model_fields.items()}
+    params: dict[str, Expr] = {}
+    for key, value in then.items():
+        if key == "action":
+            continue
+        kline = then.line_of(key) if isinstance(then, Located) else line
+        if key not in allowed:
+            expected = ", ".join(sorted(allowed)) or "no parameters"
+            col.add(kline, f"action {action!r} has no parameter {key!r} (expected {expected})", rule)
+            continue
+        try:
+            expr = compile_expr(value)
+        except ExprError as exc:
+            col.add(kline, str(exc), rule)
+            continue
+        unknown = expr.names - set(kinds) - {"settings", "now"}
+        if unknown:
+            col.add(kline, f"expression uses {', '.join(sorted(unknown))}, which 'when' does not "
+                    f"match (available: {', '.join(kinds + ('settings', 'now'))})", rule)
+            continue
+        params[key] = expr
+    return action, params
+
+
+def parse(path: str, text: str) -> tuple[dict[str, list[dict[str, Any]]], list[Rule], list[Problem]]:
+    """One file's normal patterns, rules and problems."""
+    col = _Collector(path)
+    try:
+        doc = load(text)
+    except YamlError as exc:
+        col.add(exc.line, exc.message)
+        return {}, [], col.problems
+    if doc is None:
+        doc = Located()
+    if not isinstance(doc, dict):
+        col.add(_line(doc, 1), "a rules file must be a mapping with 'normal' and/or 'rules'")
+        return {}, [], col.problems
+    for key in doc:
+        if key not in FILE_KEYS:
+            line = doc.line_of(key) if isinstance(doc, Located) else 1
+            col.add(line, f"unknown top-level key {key!r} (expected one of {', '.join(FILE_KEYS)})")
+    normal = _parse_normal(col, doc.get("normal"), doc)
+    rules: list[Rule] = []
+    raw_rules = doc.get("rules") or []
+    if not isinstance(raw_rules, list):
+        col.add(doc.line_of("rules") if isinstance(doc, Located) else 1, "'rules' must be a list")
+        raw_rules = []
+    lines = raw_rules.item_lines if isinstance(raw_rules, LocatedList) else [1] * len(raw_rules)
+    for raw, line in zip(raw_rules, lines, strict=True):
+        rule = _parse_rule(col, raw, line)
+        if rule:
+            rules.append(rule)
+    return normal, rules, col.problems
+
+
+def _parse_normal(col: _Collector, normal: Any, doc: Any) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    if normal is None:
+        return out
+    if not isinstance(normal, dict):
+        col.add(doc.line_of("normal"), "'normal' must map fact kinds to patterns")
+        return out
+    for kind, patterns in normal.items():
+        kline = normal.line_of(kind) if isinstance(normal, Located) else 1
+        for pattern in patterns if isinstance(patterns, list) else [patterns]:
+            pline = _line(pattern, kline)
+            pattern = pattern if pattern is not None else {}
+            _check_pattern(col, kind, pattern, pline, None, ())
+            if isinstance(pattern, dict):
+                for fld, cond in pattern.items():
+                    if isinstance(cond, dict) and ("matches" in cond or "ref" in str(cond)):
+                        col.add(pline, f"normal pattern for {kind}: field {fld!r} may not use "
+                                "'matches' or references (normal facts are matched by negation)")
+                out.setdefault(kind, []).append(dict(pattern))
+    return out
+
+
+def load_texts(files: Iterable[tuple[str, str]]) -> Rulebook:
+    """Build a rulebook from (path, text) pairs; raise RulesError listing every problem."""
+    problems: list[Problem] = []
+    rules: list[Rule] = []
+    normal: dict[str, list[dict[str, Any]]] = {}
+    paths: list[str] = []
+    digest = hashlib.sha256()
+    for path, text in files:
+        paths.append(path)
+        digest.update(path.encode() + b"\0" + text.encode() + b"\0")
+        n, r, p = parse(path, text)
+        problems += p
+        rules += r
+        for kind, pats in n.items():
+            normal.setdefault(kind, []).extend(pats)
+    seen: dict[str, Rule] = {}
+    for rule in rules:
+        if rule.name in seen:
+            first = seen[rule.name]
+            problems.append(Problem(rule.path, rule.line, f"duplicate rule name (first defined at "
+                                    f"{first.path}:{first.line})", rule.name))
+        seen[rule.name] = rule
+    if problems:
+        raise RulesError(problems)
+    frozen_normal = {k: tuple(v) for k, v in normal.items()}
+    return Rulebook(tuple(rules), frozen_normal, tuple(paths), digest.hexdigest()[:12],
+                    definition(rules, frozen_normal))
+
+
+def canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, default=str)

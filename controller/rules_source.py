@@ -1,0 +1,69 @@
+"""Rules files on disk → a rulebook and its engine. Keeps the last good rules in force.
+
+The I/O half of `rulebook` (which is pure): which files a path means, reading them, and
+swapping in a new engine only when every file is valid.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from controller.engine import Engine
+from controller.rulebook import Problem, Rulebook, RulesError, load_texts
+
+log = logging.getLogger(__name__)
+
+
+def rule_files(paths: Sequence[Path]) -> list[Path]:
+    """Files named, plus the *.yaml / *.yml directly inside folders named (not sub-folders:
+    `rules/tests/` holds rule unit tests, not rules)."""
+    out: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            out += sorted(f for f in p.iterdir() if f.suffix in (".yaml", ".yml") and f.is_file())
+        else:
+            out.append(p)
+    return out
+
+
+def read_rulebook(paths: Sequence[Path]) -> Rulebook:
+    """Read and validate; raise RulesError with `path:line` problems."""
+    texts = []
+    problems = []
+    files = rule_files(paths)
+    if not files:
+        where = ", ".join(str(p) for p in paths) or "(none)"
+        raise RulesError([Problem(where, 0, "no rules files found")])
+    for f in files:
+        try:
+            texts.append((str(f), f.read_text(encoding="utf-8")))
+        except OSError as exc:
+            problems.append(Problem(str(f), 0, f"cannot read: {exc.strerror}"))
+    if problems:
+        raise RulesError(problems)
+    return load_texts(texts)
+
+
+class RulesSource:
+    """The rules in force. `reload()` swaps them only when the new files are all valid."""
+
+    def __init__(self, paths: Sequence[Path]) -> None:
+        self.paths = list(paths)
+        self.book = read_rulebook(self.paths)
+        self.engine = Engine(self.book)
+
+    def reload(self) -> bool:
+        """True when new rules are in force; False (and a logged error) keeps the old ones."""
+        try:
+            book = read_rulebook(self.paths)
+        except RulesError as exc:
+            log.error("rules reload failed; the last good rules (%s) stay in force:\n%s",
+                      self.book.digest, exc)
+            return False
+        if book.digest == self.book.digest:
+            return False
+        self.book, self.engine = book, Engine(book)
+        log.info("rules reloaded: %s (%d rules)", book.digest, len(book.rules))
+        return True

@@ -1,0 +1,144 @@
+"""Tracked history: what the controller remembers between ticks, and how one tick updates it.
+
+`advance(history, observation, now)` is pure: it returns the new per-instance tracks and the
+events this tick revealed (stage and status changes, daemon deaths and restarts, benchmarks,
+instances that vanished). The journal stores both; `facts` derives temporal fields from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from controller.model import Instance, Observation
+
+
+@dataclass(frozen=True)
+class Track:
+    """One instance as remembered: when it entered its current stage, status and health."""
+
+    id: str
+    machine_id: str
+    first_seen: float
+    stage: str
+    stage_since: float
+    status: str
+    status_since: float
+    daemon: str
+    daemon_since: float
+    idle_since: float | None = None
+    uptime: float | None = None
+    bench_rate: float | None = None
+    ever_up: bool = False  # the daemon has run once: a later start is a restart
+
+
+@dataclass(frozen=True)
+class Event:
+    instance_id: str
+    at: float
+    kind: str  # seen, stage, status, death, restart, bench, gone
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class History:
+    """The slice of the journal one tick's decision needs."""
+
+    instances: dict[str, Track] = field(default_factory=dict)
+    events: tuple[Event, ...] = ()  # recent events (the last few hours)
+    host_rates: dict[str, float] = field(default_factory=dict)
+    host_blocks: dict[str, float] = field(default_factory=dict)  # machine -> blocked until
+    launches: tuple[float, ...] = ()  # launch times, recent
+    last_acted: dict[str, float] = field(default_factory=dict)  # "action" or "action:target"
+    replacing: frozenset[str] = frozenset()  # new instances that replace another
+    retiring: frozenset[str] = frozenset()  # old instances waiting for their replacement
+    actions_this_hour: tuple[tuple[float, str], ...] = ()  # (at, action) for budgets
+
+    def count(self, instance_id: str, kind: str, since: float) -> int:
+        return sum(
+            1 for e in self.events if e.instance_id == instance_id and e.kind == kind and e.at >= since
+        )
+
+    def host_blocked(self, machine_id: str, now: float) -> bool:
+        return self.host_blocks.get(machine_id, 0.0) > now
+
+    def launches_since(self, since: float) -> int:
+        return sum(1 for t in self.launches if t >= since)
+
+
+def _first(inst: Instance, now: float) -> tuple[Track, list[Event]]:
+    idle = now if inst.stage == "running" and inst.tasks_running == 0 else None
+    track = Track(
+        id=inst.id, machine_id=inst.machine_id, first_seen=now, stage=inst.stage,
+        stage_since=now, status=inst.status, status_since=now, daemon=inst.daemon,
+        daemon_since=now, idle_since=idle, uptime=inst.daemon_uptime_s, bench_rate=inst.bench_rate,
+        ever_up=inst.daemon == "up",
+    )  # fmt: skip
+    events = [Event(inst.id, now, "seen", {"stage": inst.stage, "status": inst.status})]
+    if inst.bench_rate is not None:
+        events.append(Event(inst.id, now, "bench", _bench(inst)))
+    return track, events
+
+
+def _bench(inst: Instance) -> dict[str, Any]:
+    return {"machine_id": inst.machine_id, "rate": inst.bench_rate}
+
+
+def _step(old: Track, inst: Instance, now: float) -> tuple[Track, list[Event]]:
+    events: list[Event] = []
+    t = old
+    if inst.stage != old.stage:
+        events.append(Event(inst.id, now, "stage", {"from": old.stage, "to": inst.stage}))
+        t = replace(t, stage=inst.stage, stage_since=now)
+    if inst.status != old.status:
+        events.append(Event(inst.id, now, "status", {"from": old.status, "to": inst.status}))
+        t = replace(t, status=inst.status, status_since=now)
+    events += _daemon_events(old, inst, now)
+    if inst.daemon != old.daemon:
+        t = replace(t, daemon=inst.daemon, daemon_since=now)
+    idle = inst.stage == "running" and inst.tasks_running == 0
+    if not idle:
+        t = replace(t, idle_since=None)
+    elif t.idle_since is None:
+        t = replace(t, idle_since=now)
+    if inst.bench_rate is not None and inst.bench_rate != old.bench_rate:
+        events.append(Event(inst.id, now, "bench", _bench(inst)))
+    ever_up = t.ever_up or inst.daemon == "up"
+    return replace(t, uptime=inst.daemon_uptime_s, bench_rate=inst.bench_rate, ever_up=ever_up), events
+
+
+def _daemon_events(old: Track, inst: Instance, now: float) -> list[Event]:
+    """Deaths and restarts, including one hidden between two ticks (uptime went backwards)."""
+    if old.daemon == "up" and inst.daemon == "down" and inst.status == "running":
+        return [Event(inst.id, now, "death", {"uptime_before": old.uptime})]
+    if old.daemon != "up" and inst.daemon == "up" and old.ever_up:
+        return [Event(inst.id, now, "restart", {"down_for_s": now - old.daemon_since})]
+    went_back = (
+        old.daemon == "up" and inst.daemon == "up" and old.uptime is not None
+        and inst.daemon_uptime_s is not None and inst.daemon_uptime_s < old.uptime
+    )  # fmt: skip
+    if went_back:
+        detail = {"uptime_before": old.uptime, "uptime_now": inst.daemon_uptime_s}
+        return [Event(inst.id, now, "death", detail), Event(inst.id, now, "restart", detail)]
+    return []
+
+
+def advance(hist: History, obs: Observation, now: float) -> tuple[dict[str, Track], list[Event]]:
+    """New tracks for every listed instance, and the events since the last tick.
+
+    When the provider sensor failed, nothing is marked gone: an unknown listing is not empty.
+    """
+    tracks: dict[str, Track] = {}
+    events: list[Event] = []
+    for inst in obs.instances:
+        old = hist.instances.get(inst.id)
+        track, evs = _first(inst, now) if old is None else _step(old, inst, now)
+        tracks[inst.id] = track
+        events += evs
+    if obs.sensor_ok("provider"):
+        for gone in sorted(set(hist.instances) - set(tracks)):
+            events.append(Event(gone, now, "gone", {"machine_id": hist.instances[gone].machine_id}))
+    else:
+        for kept in set(hist.instances) - set(tracks):
+            tracks[kept] = hist.instances[kept]
+    return tracks, events
