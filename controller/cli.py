@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     esc_sub = esc.add_subparsers(dest="esc_command", required=True, metavar="SUBCOMMAND")
     lst = esc_sub.add_parser("list")
     lst.add_argument("--json", action="store_true")
-    lst.add_argument("--status", choices=["pending", "approved", "denied", "expired", "executed",
+    lst.add_argument("--status", choices=["pending", "approved", "denied", "expired", "executed", "resolved", "void",
                                           "vetoed", "failed"])
     show = esc_sub.add_parser("show")
     show.add_argument("id", type=int)

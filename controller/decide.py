@@ -112,14 +112,14 @@ def weigh(props: list[Proposal], facts: dict[str, dict[str, Any]], gate: Any) ->
     sensors_bad = [f for f in facts.values() if f.get("kind") == "sensor" and f.get("state") != "ok"]
     fleet = facts.get("fleet", {})
     size = max(int(fleet.get("instances", 0)), 1)
-    doubtful = [p for p in props if _removes_work(p, facts)]
+    doubtful = {p.target for p in props if _removes_work(p, facts)}
     large = len(doubtful) > 1 and len(doubtful) / size > gate.large_change_share
     out = []
     for p in props:
         c = p.confidence
         if sensors_bad:
             c *= gate.weak_evidence_factor
-        if large and p in doubtful:
+        if large and p.target in doubtful:
             c *= gate.large_change_factor
         out.append(replace(p, confidence=round(c, 4)) if c != p.confidence else p)
     return out

@@ -155,6 +155,8 @@ class Controller:
         counts = self._carry_out(planned, tick_id, by_id)
         fleet = by_id.get("fleet", {})
         raised = self.escalator.raise_all(planned.doubts, fleet, self._budget(fleet, planned), now)
+        if all(s.state == "ok" for s in planned.observation.sensors):
+            self.escalator.resolve_cleared(planned.doubts, fleet, now)
         summary = {**counts, "escalated": len(raised), "doubts": len(planned.doubts),
                    "instances": fleet.get("instances"), "pending": fleet.get("pending"),
                    "spend_per_h": fleet.get("spend_per_h")}
@@ -168,7 +170,7 @@ class Controller:
         counts: dict[str, int] = {}
         for d in planned.plan.decisions:
             counts[d.verdict] = counts.get(d.verdict, 0) + 1
-            if d.verdict == "noop":
+            if d.verdict == "noop" and d.proposal.escalation_id is None:
                 continue
             action_id = self._record(d, tick_id, planned.now)
             if d.verdict == "act":
@@ -179,7 +181,8 @@ class Controller:
                 status = "executed" if outcome.status != "failed" else "failed"
             else:
                 status = {"veto": "vetoed"}.get(d.verdict, d.verdict)
-            if d.proposal.escalation_id is not None and d.verdict in ("act", "veto"):
+            if d.proposal.escalation_id is not None and d.verdict in ("act", "veto", "noop"):
+                status = "void" if d.verdict == "noop" else status
                 self.journal.set_escalation_status(d.proposal.escalation_id, status, action_id)
         return counts
 

@@ -2,11 +2,13 @@
 
 1. build a Situation from each doubt (facts sanitized, recent actions on its subject, the
    fleet and budget summary, the allowed actions, the default action `hold`);
-2. skip it when the same fingerprint was raised within the dedup window;
+2. skip it while the same fingerprint is pending, or was raised within the dedup window;
 3. journal it (pending, with a deadline);
 4. offer it to the responders in order (the seam for an LLM; none yet): a responder may
    attach a proposal, which humans then see;
 5. deliver it to every human channel and store each delivery's outcome.
+
+`resolve_cleared` closes pending escalations whose situation no longer holds.
 """
 
 from __future__ import annotations
@@ -69,7 +71,8 @@ class Escalator:
             s = self.situation(doubt, fleet, budget, now)
             fp = fingerprint(s)
             last = self.journal.last_escalation(fp)
-            if last and not should_escalate(float(last["created_at"]), now, self.window_s):
+            if last and (last["status"] == "pending"
+                         or not should_escalate(float(last["created_at"]), now, self.window_s)):
                 continue
             for responder in self.responders:
                 answer = responder.consider(s)
@@ -83,6 +86,20 @@ class Escalator:
             self._deliver(esc_id, s, fp, now)
             raised.append(esc_id)
         return raised
+
+    def resolve_cleared(self, doubts: Sequence[Doubt], fleet: dict[str, Any], now: float) -> list[int]:
+        """Close pending escalations whose situation no longer holds (nothing left to answer)."""
+        current = {fingerprint(self.situation(d, fleet, {}, now)) for d in doubts}
+        closed = []
+        for esc in self.journal.escalations(status="pending"):
+            if esc["fingerprint"] in current:
+                continue
+            note = {"note": "the situation no longer holds"}
+            if self.journal.answer(int(esc["id"]), status="resolved", by="controller", now=now,
+                                   answer=note):
+                log.info("escalation #%s resolved: %s no longer holds", esc["id"], esc["subject"])
+                closed.append(int(esc["id"]))
+        return closed
 
     def how(self, esc_id: int) -> dict[str, str]:
         return {"approve_cli": f"{self.cli_prefix} escalations approve {esc_id}",

@@ -1,0 +1,149 @@
+"""decide: proposals from rule firings, unmatched facts, weighing, conflicts, the gate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conftest import book_of, fact
+
+from controller.decide import decide
+from controller.engine_types import Match
+from controller.model import Proposal
+from controller.settings import DecideSettings, Gate
+
+BOOK = book_of("""
+rules:
+  - name: restart
+    when: {instance: {daemon: down}}
+    then: {action: restart_daemon, instance: "{{ instance.id }}"}
+    confidence: 0.95
+  - name: replace-it
+    when: {instance: {daemon: down}}
+    then: {action: replace, instance: "{{ instance.id }}"}
+    confidence: 0.9
+  - name: replace-first
+    when: {instance: {daemon: down}}
+    then: {action: replace, instance: "{{ instance.id }}"}
+    confidence: 0.9
+    priority: 10
+  - name: grow
+    when: {demand: {pending: {gt: 0}}}
+    then: {action: scale_to, count: "{{ (demand.pending / settings.tasks_per_instance) | round(0, 'ceil') | int }}"}
+    confidence: 0.9
+  - name: unsure
+    when: {instance: {daemon: down}}
+    then: {action: reboot, instance: "{{ instance.id }}"}
+    confidence: 0.5
+  - name: broken
+    when: {demand: {pending: {gt: 0}}}
+    then: {action: scale_to, count: "{{ demand.pending - 1000 }}"}
+    confidence: 0.9
+""")
+S = DecideSettings()
+
+
+def fired(rule: str, **facts: str) -> Match:
+    return Match(f"rule:{rule}", dict(facts))
+
+
+def run(facts: list[dict[str, Any]], matches: list[Match], settings: DecideSettings = S,
+        extra: tuple[Proposal, ...] = ()) -> Any:  # fmt: skip
+    return decide(facts, matches, BOOK, settings, 1000.0, extra)
+
+
+def test_a_rule_firing_becomes_a_proposal_with_evaluated_params_and_acts() -> None:
+    out = run([fact("demand", pending=5)], [fired("grow", demand="demand:all")])
+    [d] = out.decisions
+    assert d.proposal.action == "scale_to" and d.proposal.params == {"count": 3}
+    assert d.proposal.proposer == "rule:grow" and d.verdict == "act"
+    assert "0.90" in d.why and "act" in d.why
+    assert out.doubts == ()
+
+
+def test_parameters_that_fail_the_action_schema_become_a_rule_error_doubt() -> None:
+    out = run([fact("demand", pending=5)], [fired("broken", demand="demand:all")])
+    assert out.decisions == ()
+    [doubt] = out.doubts
+    assert doubt.kind == "rule_error" and "broken" in doubt.summary and "count" in doubt.summary
+
+
+def test_unmatched_is_abnormal_and_unclaimed() -> None:
+    facts = [fact("instance", "a", status="frozen"), fact("instance", "b", daemon="down")]
+    matches = [Match("abnormal:instance", {"m": "a"}), Match("abnormal:instance", {"m": "b"}),
+               Match("abnormal:instance", {"m": "a"}), fired("restart", instance="b")]  # fmt: skip
+    out = run(facts, matches)
+    assert out.unmatched == ("a",)
+    [doubt] = out.doubts
+    assert doubt.kind == "unmatched" and doubt.subject == "instance:a"
+    assert doubt.key == {"status": "frozen", "stage": "running", "daemon": "up", "sidecar": "up"}
+
+
+def test_an_abnormal_sensor_is_a_sensing_failure() -> None:
+    facts = [fact("sensor", name="provider", state="failed")]
+    out = run(facts, [Match("abnormal:sensor", {"m": "sensor:provider"})])
+    assert [d.kind for d in out.doubts] == ["sensing_failure"]
+
+
+def test_priority_resolves_two_actions_on_one_target() -> None:
+    facts = [fact("instance", "b", daemon="down")]
+    out = run(facts, [fired("restart", instance="b"), fired("replace-first", instance="b")])
+    verdicts = {d.proposal.proposer: d.verdict for d in out.decisions}
+    assert verdicts == {"rule:replace-first": "act", "rule:restart": "superseded"}
+    assert out.doubts == ()
+
+
+def test_a_tie_between_different_actions_is_a_conflict_that_asks() -> None:
+    facts = [fact("instance", "b", daemon="down")]
+    out = run(facts, [fired("restart", instance="b"), fired("replace-it", instance="b")])
+    assert {d.verdict for d in out.decisions} == {"ask"}
+    [doubt] = out.doubts
+    assert doubt.kind == "conflict" and doubt.key == {"actions": ["replace", "restart_daemon"]}
+
+
+def test_the_same_action_from_two_rules_is_merged() -> None:
+    facts = [fact("instance", "b", daemon="down")]
+    out = run(facts, [fired("replace-it", instance="b"), fired("replace-first", instance="b")])
+    assert sorted(d.verdict for d in out.decisions) == ["act", "superseded"]
+
+
+def test_low_confidence_asks() -> None:
+    out = run([fact("instance", "b", daemon="down")], [fired("unsure", instance="b")])
+    [d] = out.decisions
+    assert d.verdict == "ask" and "below the threshold" in d.why
+    assert [x.kind for x in out.doubts] == ["low_confidence"]
+
+
+def test_a_failed_sensor_lowers_confidence_below_the_threshold() -> None:
+    facts = [fact("demand", pending=5), fact("sensor", name="provider", state="failed")]
+    out = run(facts, [fired("grow", demand="demand:all")])
+    grow = next(d for d in out.decisions if d.proposal.proposer == "rule:grow")
+    assert grow.proposal.confidence == 0.45 and grow.verdict == "ask"
+
+
+def test_removing_many_working_instances_at_once_is_doubtful_but_idle_scale_down_is_not() -> None:
+    busy = [fact("instance", f"i{n}", daemon="down", tasks_running=1) for n in range(4)]
+    fleet = fact("fleet", instances=4)
+    out = run([*busy, fleet], [fired("replace-it", instance=f"i{n}") for n in range(4)])
+    assert {d.verdict for d in out.decisions} == {"ask"}
+    idle = [fact("instance", f"i{n}", tasks_running=0) for n in range(4)]
+    props = tuple(Proposal("destroy", {"instance": f"i{n}"}, "rule:x", "idle", 0.9) for n in range(4))
+    out = run([*idle, fleet], [], extra=props)
+    assert {d.verdict for d in out.decisions} == {"act"}
+
+
+def test_modes_observe_propose_and_per_action_override() -> None:
+    facts, m = [fact("demand", pending=5)], [fired("grow", demand="demand:all")]
+    observe = DecideSettings(gate=Gate(mode="observe"))
+    assert run(facts, m, observe).decisions[0].verdict == "observe"
+    propose = DecideSettings(gate=Gate(mode="propose"))
+    out = run(facts, m, propose)
+    assert out.decisions[0].verdict == "ask" and out.doubts[0].kind == "approval"
+    per_action = DecideSettings(gate=Gate(mode="act", actions={"scale_to": "propose"}))
+    assert run(facts, m, per_action).decisions[0].verdict == "ask"
+
+
+def test_a_human_approval_skips_the_gate_but_not_the_guards() -> None:
+    p = Proposal("reboot", {"instance": "b"}, "human:ana", "approved", 1.0, 1000, escalation_id=4)
+    out = run([], [], DecideSettings(gate=Gate(mode="propose")), extra=(p,))
+    [d] = out.decisions
+    assert d.verdict == "act" and "ana" in d.why and "#4" in d.why

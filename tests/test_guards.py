@@ -1,0 +1,128 @@
+"""guards: every act decision through limits, budgets, cooldowns, drain-before-destroy, holds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conftest import fact
+
+from controller import guards
+from controller.model import Decision, Proposal
+from controller.settings import Guards
+from controller.track import History
+
+NOW = 100_000.0
+
+
+def act(action: str, proposer: str = "rule:r", **params: Any) -> Decision:
+    return Decision(Proposal(action, params, proposer, "because", 0.9), "act", "matched")
+
+
+def ctx(*facts: dict[str, Any], hist: History | None = None, **limits: Any) -> guards.Context:
+    by_id = {str(f["id"]): f for f in facts}
+    by_id.setdefault("fleet", fact("fleet", instances=0, active=0, spend_per_h=0.0))
+    return guards.Context(by_id, hist or History(), Guards(**limits), NOW)
+
+
+def one(d: Decision, c: guards.Context) -> Decision:
+    [out], _ = guards.check([d], c)
+    return out
+
+
+def test_scale_to_becomes_the_launches_it_implies() -> None:
+    c = ctx(fact("fleet", instances=2, active=2, spend_per_h=1.0))
+    d = one(act("scale_to", count=5), c)
+    assert (d.verdict, d.effective_action, d.effective_params) == ("act", "launch", {"count": 3})
+    assert one(act("scale_to", count=2), c).verdict == "noop"
+
+
+def test_launches_are_trimmed_by_the_tightest_limit_and_say_which() -> None:
+    c = ctx(fact("fleet", instances=8, active=8), max_instances=10)
+    d = one(act("launch", count=5), c)
+    assert d.effective_params == {"count": 2} and d.guard == "max_instances" and "trimmed" in d.why
+    c = ctx(max_launches_per_tick=3)
+    assert one(act("launch", count=5), c).effective_params == {"count": 3}
+    c = ctx(hist=History(launches=tuple(NOW - 60 * n for n in range(29))), max_launches_per_hour=30)
+    assert one(act("launch", count=5), c).effective_params == {"count": 1}
+    c = ctx(fact("fleet", spend_per_h=9.0), max_spend_per_hour=10.0, launch_dph_estimate=0.4)
+    assert one(act("launch", count=5), c).effective_params == {"count": 2}
+
+
+def test_budgets_count_across_decisions_of_one_tick() -> None:
+    out, _ = guards.check([act("launch", count=4), act("launch", count=4)],
+                          ctx(max_launches_per_tick=6))  # fmt: skip
+    assert [d.effective_params["count"] for d in out] == [4, 2]
+
+
+def test_a_spend_cap_that_allows_nothing_vetoes_and_asks_a_person() -> None:
+    c = ctx(fact("fleet", instances=5, spend_per_h=10.0), max_spend_per_hour=10.0)
+    [d], doubts = guards.check([act("scale_to", count=9)], c)
+    assert d.verdict == "veto" and d.guard == "max_spend_per_hour"
+    assert [x.kind for x in doubts] == ["guard_veto"]
+    [d], doubts = guards.check([act("launch", count=1)], ctx(max_launches_per_tick=0))
+    assert d.verdict == "veto" and doubts == []  # throttling is routine: no escalation
+
+
+def test_drain_before_destroy() -> None:
+    serving = fact("instance", "i1", tasks_running=0, drained=False)
+    d = one(act("destroy", instance="i1"), ctx(serving, fact("fleet", instances=3)))
+    assert (d.verdict, d.effective_action, d.guard) == ("act", "drain", "drain_before_destroy")
+    busy = fact("instance", "i1", tasks_running=2, drained=True)
+    d = one(act("destroy", instance="i1"), ctx(busy, fact("fleet", instances=3)))
+    assert d.verdict == "veto" and "2 task(s)" in d.why
+    drained = fact("instance", "i1", tasks_running=0, drained=True)
+    d = one(act("destroy", instance="i1"), ctx(drained, fact("fleet", instances=3)))
+    assert (d.verdict, d.effective_action) == ("act", "destroy")
+    dead = fact("instance", "i1", status="exited", sidecar="down", tasks_running=1)
+    assert one(act("destroy", instance="i1"), ctx(dead)).effective_action == "destroy"
+
+
+def test_min_instances_and_scale_down_delay_protect_serving_capacity() -> None:
+    drained = fact("instance", "i1", tasks_running=0, drained=True)
+    d = one(act("destroy", instance="i1"), ctx(drained, fact("fleet", instances=2), min_instances=2))
+    assert (d.verdict, d.guard) == ("veto", "min_instances")
+    recent = History(launches=(NOW - 100,))
+    d = one(act("destroy", instance="i1"), ctx(drained, fact("fleet", instances=5), hist=recent))
+    assert (d.verdict, d.guard) == ("veto", "scale_down_delay")
+
+
+def test_at_most_a_share_of_the_fleet_is_removed_per_tick() -> None:
+    dead = [fact("instance", f"i{n}", status="offline", sidecar="down") for n in range(5)]
+    c = ctx(*dead, fact("fleet", instances=20), max_destroy_share_per_tick=0.1)
+    out, _ = guards.check([act("destroy", instance=f"i{n}") for n in range(5)], c)
+    assert [d.verdict for d in out] == ["act", "act", "veto", "veto", "veto"]
+    assert out[2].guard == "max_destroy_share_per_tick"
+
+
+def test_crash_loop_limit_and_cooldowns() -> None:
+    looping = fact("instance", "i1", daemon="down", restarts_1h=3)
+    d = one(act("restart_daemon", instance="i1"), ctx(looping))
+    assert (d.verdict, d.guard) == ("veto", "crash_loop_limit")
+    h = History(last_acted={"restart_daemon:instance:i1": NOW - 30})
+    d = one(act("restart_daemon", instance="i1"), ctx(fact("instance", "i1", daemon="down"), hist=h))
+    assert (d.verdict, d.guard) == ("veto", "cooldown")
+    h = History(last_acted={"restart_daemon:instance:i1": NOW - 500})
+    assert one(act("restart_daemon", instance="i1"), ctx(fact("instance", "i1"), hist=h)).verdict == "act"
+
+
+def test_pause_and_sensing_failures_hold_fleet_changes() -> None:
+    assert one(act("launch", count=1), ctx(paused=True)).guard == "paused"
+    assert one(act("hold", reason="x"), ctx(paused=True)).verdict == "act"
+    failed = fact("sensor", name="provider", state="failed")
+    for d in (act("launch", count=1), act("destroy", instance="i1"), act("replace", instance="i1")):
+        assert one(d, ctx(failed, fact("instance", "i1"))).guard == "sensing"
+    no_demand = fact("sensor", name="demand", state="failed")
+    assert one(act("scale_to", count=3), ctx(no_demand)).guard == "sensing"
+    assert one(act("restart_daemon", instance="i1"), ctx(no_demand, fact("instance", "i1"))).verdict == "act"
+
+
+def test_replace_once_and_nothing_for_instances_that_are_gone() -> None:
+    retiring = fact("instance", "i1", retiring=True)
+    assert one(act("replace", instance="i1"), ctx(retiring)).verdict == "noop"
+    assert one(act("replace", instance="i1"), ctx(fact("instance", "i1"))).verdict == "act"
+    assert one(act("destroy", instance="nope"), ctx()).verdict == "noop"
+
+
+def test_other_verdicts_pass_through_untouched() -> None:
+    ask = Decision(Proposal("launch", {"count": 1}, "rule:r", "x", 0.1), "ask", "low")
+    assert one(ask, ctx(paused=True)) == ask

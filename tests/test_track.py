@@ -1,0 +1,75 @@
+"""track.advance: history and the events each tick reveals."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from controller.facts import build_facts
+from controller.model import Instance, Observation, SensorStatus
+from controller.track import History, advance
+
+OK = (SensorStatus("provider", "ok"), SensorStatus("demand", "ok"))
+
+
+def inst(**kw: Any) -> Instance:
+    base = dict(id="1", label="l", machine_id="m1", host_id="h1", status="running",
+                stage="running", daemon="up", sidecar="up", tasks_running=1,
+                daemon_uptime_s=100.0)  # fmt: skip
+    return Instance(**{**base, **kw})
+
+
+def step(hist: History, now: float, *instances: Instance, sensors: Any = OK) -> tuple[History, list[Any]]:
+    tracks, events = advance(hist, Observation(now, tuple(instances), (), sensors), now)
+    keep = tuple(e for e in events if e.kind in ("death", "restart"))
+    return replace(hist, instances=tracks, events=hist.events + keep), events
+
+
+def kinds(events: list[Any]) -> list[str]:
+    return [e.kind for e in events]
+
+
+def test_first_sight_stage_changes_and_ages() -> None:
+    h, ev = step(History(), 0, inst(stage="params", daemon="down", daemon_uptime_s=None))
+    assert kinds(ev) == ["seen"]
+    h, ev = step(h, 60, inst(stage="params", daemon="down", daemon_uptime_s=None))
+    assert ev == []
+    h, ev = step(h, 120, inst(stage="bench", daemon="up", daemon_uptime_s=5.0))
+    assert kinds(ev) == ["stage"] and ev[0].detail == {"from": "params", "to": "bench"}
+    facts = build_facts(Observation(300, (inst(stage="bench"),), (), OK), h, 300)
+    f = next(x for x in facts if x["kind"] == "instance")
+    assert f["stage_age_s"] == 180 and f["age_s"] == 300
+
+
+def test_death_restart_and_a_restart_hidden_between_ticks() -> None:
+    h, _ = step(History(), 0, inst())
+    h, ev = step(h, 60, inst(daemon="down", daemon_uptime_s=None))
+    assert kinds(ev) == ["death"]
+    h, ev = step(h, 120, inst(daemon_uptime_s=10.0))
+    assert kinds(ev) == ["restart"]
+    h, ev = step(h, 180, inst(daemon_uptime_s=5.0))  # uptime went backwards: died and came back
+    assert kinds(ev) == ["death", "restart"]
+    facts = build_facts(Observation(200, (inst(),), (), OK), h, 200)
+    f = next(x for x in facts if x["kind"] == "instance")
+    assert (f["restarts_1h"], f["deaths_1h"]) == (2, 2)
+    later = build_facts(Observation(4000, (inst(),), (), OK), h, 4000)
+    assert next(x for x in later if x["kind"] == "instance")["restarts_1h"] == 0
+
+
+def test_down_for_and_idle_for() -> None:
+    h, _ = step(History(), 0, inst())
+    h, _ = step(h, 60, inst(daemon="down", daemon_uptime_s=None, tasks_running=0))
+    facts = build_facts(Observation(150, (inst(daemon="down", tasks_running=0),), (), OK), h, 150)
+    f = next(x for x in facts if x["kind"] == "instance")
+    assert f["down_for_s"] == 90 and f["idle_for_s"] == 90
+    h, _ = step(h, 200, inst(tasks_running=2))
+    assert h.instances["1"].idle_since is None
+
+
+def test_vanished_instances_are_gone_but_not_when_the_listing_failed() -> None:
+    h, _ = step(History(), 0, inst(), inst(id="2"))
+    failed = (SensorStatus("provider", "failed", "boom"), OK[1])
+    h2, ev = step(h, 60, sensors=failed)
+    assert ev == [] and set(h2.instances) == {"1", "2"}
+    h3, ev = step(h, 60, inst())
+    assert kinds(ev) == ["gone"] and ev[0].instance_id == "2" and set(h3.instances) == {"1"}
