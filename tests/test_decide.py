@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conftest import book_of, fact
+from support import book_of, fact
 
 from controller.decide import decide
 from controller.engine_types import Match

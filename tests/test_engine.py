@@ -8,7 +8,7 @@ import textwrap
 import threading
 from pathlib import Path
 
-from conftest import engine_of, fact
+from support import engine_of, fact
 
 RULES = """
 normal:
@@ -86,7 +86,7 @@ def test_a_session_where_no_rule_fires_can_be_dropped_without_crashing() -> None
     # guards against it. Run in a child process so a regression fails this test, not the suite.
     code = textwrap.dedent(
         """
-        from conftest import engine_of, fact
+        from support import engine_of, fact
         from test_engine import RULES
         e = engine_of(RULES)
         for n in range(300):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conftest import fact
+from support import fact
 
 from controller import guards
 from controller.model import Decision, Proposal

@@ -1,10 +1,9 @@
-"""Shared helpers: rulebooks from text, facts with defaults."""
+"""Shared test helpers: rulebooks from text, facts over healthy defaults."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import pytest
 
 from controller.engine import Engine
 from controller.rulebook import Rulebook, load_texts
@@ -25,8 +24,3 @@ def fact(kind: str, id: str | None = None, **fields: Any) -> dict[str, Any]:
     out = {"kind": kind, **DEFAULTS[kind], **fields}
     out["id"] = id or (f"sensor:{out['name']}" if kind == "sensor" else default_id)
     return out
-
-
-@pytest.fixture
-def engine_factory() -> Any:
-    return engine_of

@@ -1,0 +1,231 @@
+"""The shipped rules against their unit tests (rules/tests/*.yaml), and the test runner's teeth.
+
+- every case in rules/tests passes;
+- every shipped rule is expected to fire in at least one case, and every rules file has its
+  `<name>_test.yaml` (a new rule or file without a test fails here);
+- the runner reports a wrong expectation as a failure that says what differs;
+- `fleetgate test-rules` exits 0 on the shipped tests and 1 on a failing file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.rules_source import read_rulebook, rule_files
+from controller.ruletest import Result, run_files
+from controller.yamlsrc import load
+
+ROOT = Path(__file__).parent.parent
+RULES = ROOT / "rules"
+RULE_TESTS = RULES / "tests"
+
+
+def _report(results: list[Result]) -> str:
+    return "\n".join(f"{r.where}: {r.name}\n    " + "\n    ".join(r.problems)
+                     for r in results if not r.ok)  # fmt: skip
+
+
+def _test_docs() -> dict[Path, dict[str, Any]]:
+    return {p: load(p.read_text(encoding="utf-8")) or {} for p in sorted(RULE_TESTS.glob("*.yaml"))}
+
+
+def _fleetgate() -> Path:
+    for candidate in (Path(sys.executable).parent / "fleetgate", ROOT / ".venv" / "bin" / "fleetgate"):
+        if candidate.is_file():
+            return candidate
+    pytest.skip("the fleetgate console script is not installed next to this interpreter")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(_fleetgate()), "test-rules", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------- the shipped rules pass their tests
+
+
+def test_every_shipped_rule_test_passes() -> None:
+    results = run_files([RULE_TESTS])
+    assert results, f"no rule tests found in {RULE_TESTS}"
+    failed = [r for r in results if not r.ok]
+    assert not failed, f"{len(failed)} of {len(results)} rule test(s) failed:\n{_report(failed)}"
+
+
+def test_every_shipped_rule_is_expected_to_fire_somewhere() -> None:
+    names = {rule.name for rule in read_rulebook([RULES]).rules}
+    assert names, "no shipped rules found"
+    expected: set[str] = set()
+    for doc in _test_docs().values():
+        for case in doc.get("tests") or []:
+            for proposal in (case.get("expect") or {}).get("proposals") or []:
+                expected.add(str(proposal.get("rule")))
+    missing = sorted(names - expected)
+    assert not missing, f"rules without a test case that expects them to fire: {missing}"
+    unknown = sorted(expected - names)
+    assert not unknown, f"test cases expect rules that do not exist: {unknown}"
+
+
+def test_every_rules_file_has_its_test_file() -> None:
+    files = rule_files([RULES])
+    assert files, "no shipped rules files found"
+    missing = [f.name for f in files if not (RULE_TESTS / f"{f.stem}_test.yaml").is_file()]
+    assert not missing, f"rules files without rules/tests/<name>_test.yaml: {missing}"
+
+
+def test_each_test_file_loads_its_own_rules_file() -> None:
+    for path, doc in _test_docs().items():
+        listed = [(path.parent / f).resolve() for f in doc.get("rule_files") or []]
+        own = RULES / (path.stem.removesuffix("_test") + ".yaml")
+        if own.is_file():
+            assert own.resolve() in listed, f"{path.name} does not load {own.name}"
+
+
+# ---------------------------------------------------------------- the runner can fail
+
+# Each case is wrong in one way; `problems` are substrings its report must contain.
+WRONG: list[dict[str, Any]] = [
+    {
+        "name": "wrong action",
+        "facts": [{"kind": "instance", "id": "i1", "daemon": "down"}],
+        "expect": {"proposals": [{"rule": "restart-silently-exited-daemon", "action": "reboot",
+                                  "params": {"instance": "i1"}}]},
+        "problems": ["expected proposal not made: {'rule': 'restart-silently-exited-daemon', "
+                     "'action': 'reboot'", "unexpected proposal: {'rule': "
+                     "'restart-silently-exited-daemon', 'action': 'restart_daemon', "
+                     "'params': {'instance': 'i1'}}"],
+    },
+    {
+        "name": "wrong rule name",
+        "facts": [{"kind": "instance", "id": "i1", "daemon": "down"}],
+        "expect": {"proposals": [{"rule": "restart-daemon", "action": "restart_daemon"}]},
+        "problems": ["expected proposal not made: {'rule': 'restart-daemon'",
+                     "unexpected proposal: {'rule': 'restart-silently-exited-daemon'"],
+    },
+    {
+        "name": "wrong param: the rendered count",
+        "facts": [{"kind": "demand", "pending": 5, "running": 2}, {"kind": "fleet"}],
+        "expect": {"proposals": [{"rule": "scale-to-proving-backlog", "action": "scale_to",
+                                  "params": {"count": 3}}]},
+        "problems": ["expected proposal not made: {'rule': 'scale-to-proving-backlog', "
+                     "'action': 'scale_to', 'params': {'count': 3}}",
+                     "unexpected proposal: {'rule': 'scale-to-proving-backlog', "
+                     "'action': 'scale_to', 'params': {'count': 4}}"],
+    },
+    {
+        "name": "wrong param: the rendered reason",
+        "facts": [{"kind": "instance", "id": "i1", "daemon": "down", "restarts_1h": 3}],
+        "expect": {"proposals": [{"rule": "replace-crash-looping-instance", "action": "replace",
+                                  "params": {"instance": "i1", "reason": "crash loop"}}]},
+        "problems": ["expected proposal not made", "'reason': 'crash loop'}",
+                     "unexpected proposal", "'crash loop: 3 restarts in the last hour'"],
+    },
+    {
+        "name": "missing expected proposal",
+        "facts": [{"kind": "demand"}, {"kind": "fleet"},
+                  {"kind": "instance", "id": "i1", "idle_for_s": 900.0},
+                  {"kind": "instance", "id": "i2", "idle_for_s": 899.0}],
+        "expect": {"proposals": [
+            {"rule": "scale-down-idle-instance", "action": "destroy", "params": {"instance": "i1"}},
+            {"rule": "scale-down-idle-instance", "action": "destroy", "params": {"instance": "i2"}},
+        ]},
+        "problems": ["expected proposal not made: {'rule': 'scale-down-idle-instance', "
+                     "'action': 'destroy', 'params': {'instance': 'i2'}}"],
+        "count": 1,
+    },
+    {
+        "name": "unexpected extra proposal",
+        "facts": [{"kind": "instance", "id": "i1", "daemon": "down"},
+                  {"kind": "instance", "id": "i2", "daemon": "down"}],
+        "expect": {"proposals": [{"rule": "restart-silently-exited-daemon",
+                                  "params": {"instance": "i1"}}]},
+        "problems": ["unexpected proposal: {'rule': 'restart-silently-exited-daemon', "
+                     "'action': 'restart_daemon', 'params': {'instance': 'i2'}}"],
+        "count": 1,
+    },
+    {
+        "name": "wrong unmatched: a frozen instance expected matched",
+        "facts": [{"kind": "instance", "id": "i1", "status": "frozen"}],
+        "expect": {"proposals": [], "unmatched": []},
+        "problems": ["unmatched facts: expected [], got ['i1']"],
+        "count": 1,
+    },
+    {
+        "name": "wrong unmatched: a healthy instance expected unmatched",
+        "facts": [{"kind": "instance", "id": "i1"}, {"kind": "sensor", "state": "failed"}],
+        "expect": {"proposals": [], "unmatched": ["i1"]},
+        "problems": ["unmatched facts: expected ['i1'], got ['sensor:provider']"],
+        "count": 1,
+    },
+]
+
+RIGHT = {
+    "name": "a correct case in the same file",
+    "facts": [{"kind": "instance", "id": "i1", "daemon": "down"}],
+    "expect": {"proposals": [{"rule": "restart-silently-exited-daemon", "action": "restart_daemon",
+                              "params": {"instance": "i1"}}], "unmatched": []},
+}
+
+
+def _write_failing(tmp_path: Path) -> Path:
+    shipped = [str(f.resolve()) for f in rule_files([RULES])]
+    cases = [{k: v for k, v in c.items() if k not in ("problems", "count")} for c in WRONG]
+    doc = {"rule_files": shipped, "tests": [*cases, RIGHT]}
+    path = tmp_path / "wrong_test.yaml"
+    path.write_text(json.dumps(doc, indent=2), encoding="utf-8")  # JSON is YAML
+    return path
+
+
+def test_runner_reports_each_wrong_expectation(tmp_path: Path) -> None:
+    results = {r.name: r for r in run_files([_write_failing(tmp_path)])}
+    assert set(results) == {c["name"] for c in WRONG} | {RIGHT["name"]}, results
+    assert results[RIGHT["name"]].ok, results[RIGHT["name"]].problems
+    for case in WRONG:
+        result = results[case["name"]]
+        assert not result.ok, f"{case['name']!r} passed but should fail"
+        report = "\n".join(result.problems)
+        for needle in case["problems"]:
+            assert needle in report, f"{case['name']!r}: {needle!r} not in:\n{report}"
+        if "count" in case:
+            assert len(result.problems) == case["count"], report
+
+
+def test_runner_reports_a_broken_test_file(tmp_path: Path) -> None:
+    bad_yaml = tmp_path / "broken_test.yaml"
+    bad_yaml.write_text("tests:\n  - name: x\n    facts: [\n", encoding="utf-8")
+    missing = tmp_path / "missing_rules_test.yaml"
+    missing.write_text("rule_files: [does-not-exist.yaml]\ntests: []\n", encoding="utf-8")
+    results = run_files([bad_yaml, missing])
+    assert [r.name for r in results] == ["(file)", "(rules)"], results
+    assert all(not r.ok and r.problems for r in results), results
+
+
+# ---------------------------------------------------------------- the CLI
+
+
+def test_cli_passes_on_the_shipped_tests() -> None:
+    proc = _cli("rules/tests")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = re.search(r"^(\d+) passed, 0 failed$", proc.stdout, re.MULTILINE)
+    assert summary, proc.stdout
+    assert int(summary.group(1)) == len(run_files([RULE_TESTS])) > 0
+    assert "FAIL" not in proc.stdout
+
+
+def test_cli_fails_on_a_failing_file(tmp_path: Path) -> None:
+    path = _write_failing(tmp_path)
+    proc = _cli(str(path))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert re.search(rf"^1 passed, {len(WRONG)} failed$", proc.stdout, re.MULTILINE), proc.stdout
+    assert "FAIL" in proc.stdout and "expected proposal not made" in proc.stdout
+    both = _cli("rules/tests", str(path))
+    assert both.returncode == 1, both.stdout + both.stderr
+    assert re.search(rf"^\d+ passed, {len(WRONG)} failed$", both.stdout, re.MULTILINE)
