@@ -33,8 +33,15 @@ class Actuator:
         self.journal = journal
         self.limits = limits
 
-    def execute(self, d: Decision, action_id: int, tick_id: int, hist: History, now: float,
-                facts: dict[str, dict[str, Any]]) -> Outcome:
+    def execute(
+        self,
+        d: Decision,
+        action_id: int,
+        tick_id: int,
+        hist: History,
+        now: float,
+        facts: dict[str, dict[str, Any]],
+    ) -> Outcome:
         """Run one `act` decision whose intent row is `action_id`; journal and return its result."""
         action, params = d.effective_action, d.effective_params
         try:
@@ -42,13 +49,30 @@ class Actuator:
         except ProviderError as exc:
             outcome = Outcome("failed", {"error": str(exc), "temporary": _temporary(exc)})
         self.journal.finish(action_id, now, outcome.status, outcome.result)
-        level = logging.INFO if outcome.status == "ok" else logging.WARNING
-        log.log(level, "action #%d %s %s by %s: %s %s", action_id, action, _brief(params),
-                d.proposal.proposer, outcome.status, _brief(outcome.result))
+        level = logging.DEBUG if outcome.status == "ok" else logging.WARNING
+        log.log(
+            level,
+            "action #%d %s %s by %s: %s %s",
+            action_id,
+            action,
+            _brief(params),
+            d.proposal.proposer,
+            outcome.status,
+            _brief(outcome.result),
+        )
         return outcome
 
-    def _run(self, action: str, params: dict[str, Any], d: Decision, action_id: int,
-             tick_id: int, hist: History, now: float, facts: dict[str, dict[str, Any]]) -> Outcome:
+    def _run(
+        self,
+        action: str,
+        params: dict[str, Any],
+        d: Decision,
+        action_id: int,
+        tick_id: int,
+        hist: History,
+        now: float,
+        facts: dict[str, dict[str, Any]],
+    ) -> Outcome:
         if action == "launch":
             return self._launches(int(params["count"]), d, action_id, tick_id, hist, now)
         if action == "replace":
@@ -65,8 +89,9 @@ class Actuator:
             return Outcome("ok", {})
         return Outcome("ok", {})  # hold and escalate are recorded, nothing to call
 
-    def _launches(self, count: int, d: Decision, action_id: int, tick_id: int, hist: History,
-                  now: float) -> Outcome:
+    def _launches(
+        self, count: int, d: Decision, action_id: int, tick_id: int, hist: History, now: float
+    ) -> Outcome:
         launched: list[str] = []
         errors: list[str] = []
         for n in range(count):
@@ -78,11 +103,13 @@ class Actuator:
         status = "ok" if not errors else ("partial" if launched else "failed")
         return Outcome(status, {"launched": launched, "errors": errors})
 
-    def _launch_one(self, label: str, d: Decision, parent: int, tick_id: int, hist: History,
-                    now: float) -> tuple[bool, str]:
+    def _launch_one(
+        self, label: str, d: Decision, parent: int, tick_id: int, hist: History, now: float
+    ) -> tuple[bool, str]:
         child = self.journal.record(
             tick_id=tick_id, now=now, action="launch", target="fleet", params={"label": label},
-            proposer=d.proposal.proposer, reason=d.proposal.reason, confidence=d.proposal.confidence,
+            proposer=d.proposal.proposer, reason=d.proposal.reason,
+            confidence=d.proposal.confidence,
             verdict="act", why=f"part of action #{parent}", status="intent", key=label,
             parent_id=parent, escalation_id=d.proposal.escalation_id,
         )  # fmt: skip
@@ -100,21 +127,33 @@ class Actuator:
         self.journal.finish(child, now, "ok", {"instance": instance_id, "label": label})
         return True, instance_id
 
-    def _replace(self, params: dict[str, Any], d: Decision, action_id: int, tick_id: int,
-                 hist: History, now: float, facts: dict[str, dict[str, Any]]) -> Outcome:
+    def _replace(
+        self,
+        params: dict[str, Any],
+        d: Decision,
+        action_id: int,
+        tick_id: int,
+        hist: History,
+        now: float,
+        facts: dict[str, dict[str, Any]],
+    ) -> Outcome:
         old = str(params["instance"])
         result: dict[str, Any] = {}
         machine = facts.get(old, {}).get("machine_id")
         if params.get("block_host") and machine:
             reason = params.get("reason") or d.proposal.reason
             self.journal.block_host(str(machine), now + 86_400, f"{d.proposal.proposer}: {reason}")
-            hist = History(**{**hist.__dict__, "host_blocks": {**hist.host_blocks, machine: now + 86_400}})
+            hist = History(
+                **{**hist.__dict__, "host_blocks": {**hist.host_blocks, machine: now + 86_400}}
+            )
             result["blocked_host"] = machine
         label = launch_label(tick_id, action_id, 0)
         ok, detail = self._launch_one(label, d, action_id, tick_id, hist, now)
         if not ok:
             return Outcome("failed", {**result, "error": detail})
-        self.journal.add_replacement(old, label, now, now + self.limits.replace_deadline_s, action_id)
+        self.journal.add_replacement(
+            old, label, now, now + self.limits.replace_deadline_s, action_id
+        )
         return Outcome("ok", {**result, "replacement": detail, "label": label})
 
 

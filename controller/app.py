@@ -55,8 +55,12 @@ def load_sim(journal: Journal, config: Config, seed: int | None) -> Simulation:
     if saved is not None:
         sim = Simulation.from_json(saved)
         if seed is not None and seed != sim.seed:
-            log.warning("this state directory continues a world of seed %d; --seed %d ignored "
-                        "(use a new --state for a new world)", sim.seed, seed)
+            log.warning(
+                "this state directory continues a world of seed %d; --seed %d ignored "
+                "(use a new --state for a new world)",
+                sim.seed,
+                seed,
+            )
         return sim
     world = SimConfig.model_validate(config.sim.world)
     return Simulation(world, config.sim.seed if seed is None else seed)
@@ -82,17 +86,26 @@ def channels(config: Config, state: Path) -> list[Channel]:
     return out
 
 
-def build(config: Config, state: Path, *, config_path: str | None = None,
-          seed: int | None = None, rules: list[str] | None = None) -> App:
+def build(
+    config: Config,
+    state: Path,
+    *,
+    config_path: str | None = None,
+    seed: int | None = None,
+    rules: list[str] | None = None,
+) -> App:
     journal = Journal(state / "journal.db")
     source = RulesSource(rules_paths(config, rules))
     sim = load_sim(journal, config, seed)
     step = config.sim.seconds_per_tick
     renderer = Renderer(config.escalation.templates_dir)
-    escalator = Escalator(journal, Notifier(channels(config, state), renderer),
-                          window_s=config.escalation.dedup_window_s,
-                          deadline_s=config.escalation.deadline_s,
-                          cli_prefix=cli_prefix(config_path, state))
+    escalator = Escalator(
+        journal,
+        Notifier(channels(config, state), renderer),
+        window_s=config.escalation.dedup_window_s,
+        deadline_s=config.escalation.deadline_s,
+        cli_prefix=cli_prefix(config_path, state),
+    )
 
     def save() -> None:
         journal.put(SIM_KEY, sim.to_json())
@@ -114,8 +127,10 @@ def status(app: App) -> dict[str, Any]:
     for i in instances:
         key = i.stage if i.status == "running" else i.status
         by_stage[key] = by_stage.get(key, 0) + 1
-    demand = {d.task: {"pending": d.pending, "running": d.running}
-              for d in (app.sim.provider.demand() if app.sim else [])}
+    demand = {
+        d.task: {"pending": d.pending, "running": d.running}
+        for d in (app.sim.provider.demand() if app.sim else [])
+    }
     return {
         "provider": app.config.provider,
         "paused": bool(j.get("paused", False)) or app.config.guards.paused,

@@ -1,15 +1,15 @@
 """The `fleetgate` command.
 
-    fleetgate [--config FILE] [--state DIR] COMMAND
-      run [--ticks N] [--seed S]   ticks on the configured interval until stopped (or N ticks)
-      tick                         exactly one tick (for cron); continues from the journal
-      check [PATHS...]             validate rules and config; `path:line: message` on errors
-      explain [--json]             sense once, show facts → rules → plan → escalations; no changes
-      test-rules [PATHS...]        run rule unit tests (rules/tests/*.yaml)
-      actions [--json] [--all]     what the controller did (and, with --all, decided not to do)
-      escalations list|show|approve|deny
-      status [--json]
-      pause | resume
+fleetgate [--config FILE] [--state DIR] COMMAND
+  run [--ticks N] [--seed S]   ticks on the configured interval until stopped (or N ticks)
+  tick                         exactly one tick (for cron); continues from the journal
+  check [PATHS...]             validate rules and config; `path:line: message` on errors
+  explain [--json]             sense once, show facts → rules → plan → escalations; no changes
+  test-rules [PATHS...]        run rule unit tests (rules/tests/*.yaml)
+  actions [--json] [--all]     what the controller did (and, with --all, decided not to do)
+  escalations list|show|approve|deny
+  status [--json]
+  pause | resume
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import json
 import logging
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from controller import actions as vocabulary
@@ -35,8 +34,11 @@ log = logging.getLogger("fleetgate")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fleetgate", description=__doc__.split("\n\n")[0] if __doc__
-                                else None, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="fleetgate",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--config", metavar="FILE", help="config file (default: built-in simulator)")
     p.add_argument("--state", metavar="DIR", help="state directory (default: ./.fleetgate)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -60,8 +62,20 @@ def _parser() -> argparse.ArgumentParser:
     esc_sub = esc.add_subparsers(dest="esc_command", required=True, metavar="SUBCOMMAND")
     lst = esc_sub.add_parser("list")
     lst.add_argument("--json", action="store_true")
-    lst.add_argument("--status", choices=["pending", "approved", "denied", "expired", "executed", "resolved", "void",
-                                          "vetoed", "failed"])
+    lst.add_argument(
+        "--status",
+        choices=[
+            "pending",
+            "approved",
+            "denied",
+            "expired",
+            "executed",
+            "resolved",
+            "void",
+            "vetoed",
+            "failed",
+        ],
+    )
     show = esc_sub.add_parser("show")
     show.add_argument("id", type=int)
     show.add_argument("--json", action="store_true")
@@ -71,8 +85,13 @@ def _parser() -> argparse.ArgumentParser:
         a.add_argument("--by", default=None, help="who answers (default: your user name)")
         if name == "approve":
             a.add_argument("--action", choices=list(vocabulary.ACTIONS))
-            a.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                           help="action parameter (repeatable); values are JSON or text")
+            a.add_argument(
+                "--param",
+                action="append",
+                default=[],
+                metavar="KEY=VALUE",
+                help="action parameter (repeatable); values are JSON or text",
+            )
     st = sub.add_parser("status", help="fleet, queue, last tick, pending escalations")
     st.add_argument("--json", action="store_true")
     sub.add_parser("pause", help="stop acting (decisions are still made and recorded)")
@@ -82,14 +101,23 @@ def _parser() -> argparse.ArgumentParser:
 
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        return json.dumps({"ts": record.created, "level": record.levelname, "logger": record.name,
-                           "msg": record.getMessage()})
+        return json.dumps(
+            {
+                "ts": record.created,
+                "level": record.levelname,
+                "logger": record.name,
+                "msg": record.getMessage(),
+            }
+        )
 
 
 def _logging(level: str, fmt: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JsonFormatter() if fmt == "json" else
-                         logging.Formatter("%(asctime)s %(levelname)-7s %(message)s", "%H:%M:%S"))
+    handler.setFormatter(
+        _JsonFormatter()
+        if fmt == "json"
+        else logging.Formatter("%(asctime)s %(levelname)-7s %(message)s", "%H:%M:%S")
+    )
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
@@ -135,9 +163,13 @@ def _with_app(app: App, args: argparse.Namespace) -> int:
     cmd = args.command
     if cmd == "run":
         runner = Runner(app.controller.tick, app.config.interval_s, args.ticks)
-        log.info("fleetgate running: %s, rules %s, every %.2fs%s", app.config.provider,
-                 app.controller.rules.book.digest, app.config.interval_s,
-                 f", {args.ticks} ticks" if args.ticks else "")
+        log.info(
+            "fleetgate running: %s, rules %s, every %.2fs%s",
+            app.config.provider,
+            app.controller.rules.book.digest,
+            app.config.interval_s,
+            f", {args.ticks} ticks" if args.ticks else "",
+        )
         done = runner.run()
         log.info("stopped after %d tick(s) (%d failed)", done, runner.failed)
         return 0
@@ -161,8 +193,11 @@ def _with_app(app: App, args: argparse.Namespace) -> int:
         return 0
     if cmd in ("pause", "resume"):
         app.journal.put("paused", cmd == "pause")
-        print("paused: decisions are recorded, nothing is acted on" if cmd == "pause"
-              else "resumed: acting again")
+        print(
+            "paused: decisions are recorded, nothing is acted on"
+            if cmd == "pause"
+            else "resumed: acting again"
+        )
         return 0
     raise AssertionError(cmd)
 

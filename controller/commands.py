@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from escalation import approvals
 def _ts(t: float | None) -> str:
     if t is None:
         return "-"
-    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _brief(d: dict[str, Any] | None) -> str:
@@ -65,13 +65,24 @@ def explain_doc(p: Planned) -> dict[str, Any]:
     return {
         "now": p.now,
         "facts": p.facts,
-        "matches": [{"rule": m.rule, "abnormal": m.abnormal_kind, "facts": m.facts}
-                    for m in p.matches],
-        "plan": [{"verdict": d.verdict, "action": d.effective_action, "params": d.effective_params,
-                  "proposer": d.proposal.proposer, "confidence": d.proposal.confidence,
-                  "why": d.why, "guard": d.guard} for d in p.plan.decisions],
-        "escalations": [{"kind": d.kind, "subject": d.subject, "summary": d.summary}
-                        for d in p.doubts],
+        "matches": [
+            {"rule": m.rule, "abnormal": m.abnormal_kind, "facts": m.facts} for m in p.matches
+        ],
+        "plan": [
+            {
+                "verdict": d.verdict,
+                "action": d.effective_action,
+                "params": d.effective_params,
+                "proposer": d.proposal.proposer,
+                "confidence": d.proposal.confidence,
+                "why": d.why,
+                "guard": d.guard,
+            }
+            for d in p.plan.decisions
+        ],
+        "escalations": [
+            {"kind": d.kind, "subject": d.subject, "summary": d.summary} for d in p.doubts
+        ],
         "unmatched": list(p.decided.unmatched),
     }
 
@@ -82,11 +93,27 @@ def explain(app: App, as_json: bool) -> int:
     if as_json:
         print(json.dumps(doc, indent=2, sort_keys=True, default=str))
         return 0
-    print(f"now {_ts(planned.now)}: {len(planned.facts)} facts, rules {app.controller.rules.book.digest}")
+    print(
+        f"now {_ts(planned.now)}: {len(planned.facts)} facts, "
+        f"rules {app.controller.rules.book.digest}"
+    )
     print("\nfacts:")
     for f in planned.facts:
-        keys = ("status", "stage", "daemon", "sidecar", "tasks_running", "stage_age_s",
-                "restarts_1h", "pending", "running", "instances", "active", "state", "task")
+        keys = (
+            "status",
+            "stage",
+            "daemon",
+            "sidecar",
+            "tasks_running",
+            "stage_age_s",
+            "restarts_1h",
+            "pending",
+            "running",
+            "instances",
+            "active",
+            "state",
+            "task",
+        )
         print(f"  {f['kind']:<8} {f['id']:<18} " + " ".join(f"{k}={f[k]}" for k in keys if k in f))
     print("\nmatching rules:")
     rules = [m for m in planned.matches if m.rule]
@@ -96,7 +123,10 @@ def explain(app: App, as_json: bool) -> int:
         print("  (none)")
     print("\nplan:")
     for d in doc["plan"]:
-        print(f"  {d['verdict']:<10} {d['action']} {_brief(d['params'])} ← {d['proposer']}: {d['why']}")
+        print(
+            f"  {d['verdict']:<10} {d['action']} {_brief(d['params'])} "
+            f"← {d['proposer']}: {d['why']}"
+        )
     if not doc["plan"]:
         print("  (nothing to do)")
     print("\nwould escalate:")
@@ -109,8 +139,10 @@ def explain(app: App, as_json: bool) -> int:
 
 def print_actions(rows: list[dict[str, Any]]) -> None:
     for r in rows:
-        print(f"#{r['id']:<5} {_ts(r['at'])} {r['verdict']:<10} {r['status']:<8} {r['action']:<14} "
-              f"{_brief(r['params']):<28} ← {r['proposer']}: {r['why']}")
+        print(
+            f"#{r['id']:<5} {_ts(r['at'])} {r['verdict']:<10} {r['status']:<8} {r['action']:<14} "
+            f"{_brief(r['params']):<28} ← {r['proposer']}: {r['why']}"
+        )
     if not rows:
         print("(no actions)")
 
@@ -123,8 +155,10 @@ def escalations(app: App, args: argparse.Namespace, by: str) -> int:
             print(json.dumps(rows, indent=2, sort_keys=True, default=str))
         else:
             for e in rows:
-                print(f"#{e['id']:<4} {_ts(e['created_at'])} {e['status']:<9} {e['kind']:<16} "
-                      f"{e['subject']}: {e['summary']}")
+                print(
+                    f"#{e['id']:<4} {_ts(e['created_at'])} {e['status']:<9} {e['kind']:<16} "
+                    f"{e['subject']}: {e['summary']}"
+                )
             if not rows:
                 print("(no escalations)")
         return 0
@@ -142,8 +176,10 @@ def escalations(app: App, args: argparse.Namespace, by: str) -> int:
         return 0
     params = _params(args.param) if args.param else None
     answer = approvals.approve(j, args.id, by=by, now=now, action=args.action, params=params)
-    print(f"escalation #{args.id} approved by {by}: {answer['action']} {_brief(answer['params'])} "
-          "runs through the guards on the next tick")
+    print(
+        f"escalation #{args.id} approved by {by}: {answer['action']} {_brief(answer['params'])} "
+        "runs through the guards on the next tick"
+    )
     return 0
 
 
@@ -167,6 +203,8 @@ def print_status(st: dict[str, Any]) -> None:
         print(f"last tick #{last['id']} at {_ts(last['started_at'])}: {_brief(last['summary'])}")
     stages = ", ".join(f"{k} {v}" for k, v in sorted(st["by_stage"].items()))
     print(f"instances {st['instances']} ({stages or 'none'}), spend ${st['spend_per_h']}/h")
-    queue = {task: f"{v['pending']} pending/{v['running']} running" for task, v in st["demand"].items()}
+    queue = {
+        task: f"{v['pending']} pending/{v['running']} running" for task, v in st["demand"].items()
+    }
     print(f"demand: {_brief(queue)}")
     print(f"pending escalations: {st['pending_escalations']}")

@@ -96,7 +96,9 @@ def abnormal(kind: str, patterns: Sequence[Mapping[str, Any]]) -> dict[str, Any]
     return {"$and": conds}
 
 
-def definition(rules: Sequence[Rule], normal: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
+def definition(
+    rules: Sequence[Rule], normal: Mapping[str, Sequence[Mapping[str, Any]]]
+) -> dict[str, Any]:
     """The whole ruleset, keyed as the module docstring says."""
     from controller.facts import FIELDS
 
@@ -109,5 +111,7 @@ def definition(rules: Sequence[Rule], normal: Mapping[str, Sequence[Mapping[str,
         if cond is not None:
             out[ABNORMAL + kind] = {"all": [{"m": cond}]}
     for rule in rules:
-        out[RULE + rule.name] = {"all": [{kind: pattern(kind, pat)} for kind, pat in rule.when.items()]}
+        out[RULE + rule.name] = {
+            "all": [{kind: pattern(kind, pat)} for kind, pat in rule.when.items()]
+        }
     return out

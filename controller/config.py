@@ -34,7 +34,9 @@ class SimSection(_Strict):
 class EscalationSection(_Strict):
     dedup_window_s: float = Field(3600, gt=0, description="the same situation once per window")
     deadline_s: float = Field(1800, gt=0, description="time a human has to answer")
-    channels: list[Literal["console", "file"]] = Field(default_factory=lambda: ["console", "file"])
+    channels: list[Literal["console", "file"]] = Field(
+        default_factory=lambda: ["console", "file"]  # type: ignore[arg-type]
+    )
     file: str = Field("escalations.jsonl", description="JSONL channel path (relative: state dir)")
     templates_dir: str | None = Field(None, description="folder of templates overriding ours")
 

@@ -40,7 +40,8 @@ KEY_FIELDS = {
 class Doubt:
     """Something rules cannot decide, to be escalated (see escalation.situation)."""
 
-    kind: str  # unmatched, low_confidence, conflict, rule_error, guard_veto, sensing_failure, approval
+    # unmatched, sensing_failure, low_confidence, conflict, rule_error, guard_veto, approval
+    kind: str
     subject: str
     summary: str
     facts: tuple[dict[str, Any], ...] = ()
@@ -80,13 +81,29 @@ def proposals_from(
             params = actions.validate(rule.action, raw)
         except (ExprError, actions.ActionError) as exc:
             subject = next((subject_of(f) for f in bound.values()), "fleet")
-            doubts.append(Doubt("rule_error", subject, f"rule {rule.name!r} ({rule.path}:"
-                                f"{rule.line}) could not build its action: {exc}",
-                                tuple(bound.values()), {"rule": rule.name}))
+            doubts.append(
+                Doubt(
+                    "rule_error",
+                    subject,
+                    f"rule {rule.name!r} ({rule.path}:"
+                    f"{rule.line}) could not build its action: {exc}",
+                    tuple(bound.values()),
+                    {"rule": rule.name},
+                )
+            )
             continue
         reason = rule.description or f"rule {rule.name}"
-        out.append(Proposal(rule.action, params, f"rule:{rule.name}", reason, rule.confidence,
-                            rule.priority, tuple(m.facts.values())))
+        out.append(
+            Proposal(
+                rule.action,
+                params,
+                f"rule:{rule.name}",
+                reason,
+                rule.confidence,
+                rule.priority,
+                tuple(m.facts.values()),
+            )
+        )
     return out, doubts
 
 
@@ -109,7 +126,9 @@ def unmatched(matches: Sequence[MatchLike], facts: dict[str, dict[str, Any]]) ->
 
 def weigh(props: list[Proposal], facts: dict[str, dict[str, Any]], gate: Any) -> list[Proposal]:
     """Step 3: lower confidence where the evidence is weak."""
-    sensors_bad = [f for f in facts.values() if f.get("kind") == "sensor" and f.get("state") != "ok"]
+    sensors_bad = [
+        f for f in facts.values() if f.get("kind") == "sensor" and f.get("state") != "ok"
+    ]
     fleet = facts.get("fleet", {})
     size = max(int(fleet.get("instances", 0)), 1)
     doubtful = {p.target for p in props if _removes_work(p, facts)}
@@ -151,15 +170,25 @@ def resolve(props: list[Proposal]) -> tuple[list[Proposal], list[Decision], list
         kinds = {p.action for p in top}
         if len(kinds) > 1 and not all(p.escalation_id for p in top):
             names = ", ".join(f"{p.proposer} wants {p.action}" for p in top)
-            doubts.append(Doubt("conflict", target, f"rules disagree about {target}: {names}",
-                                key={"actions": sorted(kinds)}, proposals=tuple(top)))
+            doubts.append(
+                Doubt(
+                    "conflict",
+                    target,
+                    f"rules disagree about {target}: {names}",
+                    key={"actions": sorted(kinds)},
+                    proposals=tuple(top),
+                )
+            )
             lost += [Decision(p, "ask", f"conflict on {target}: {names}") for p in top]
             continue
         winner = group[0]
         winners.append(winner)
         for p in group[1:]:
-            why = (f"same action also proposed by {winner.proposer}" if p.action == winner.action
-                   else f"superseded by {winner.proposer} (priority {winner.priority})")
+            why = (
+                f"same action also proposed by {winner.proposer}"
+                if p.action == winner.action
+                else f"superseded by {winner.proposer} (priority {winner.priority})"
+            )
             lost.append(Decision(p, "superseded", why))
     return winners, lost, doubts
 
@@ -170,15 +199,22 @@ def gate(p: Proposal, settings: DecideSettings) -> Decision:
     if p.escalation_id is not None and p.proposer.startswith("human:"):
         return Decision(p, "act", f"approved by {p.proposer[6:]} (escalation #{p.escalation_id})")
     if p.confidence < g.confidence_threshold:
-        return Decision(p, "ask", f"confidence {p.confidence:.2f} is below the threshold "
-                        f"{g.confidence_threshold:.2f}")
+        return Decision(
+            p,
+            "ask",
+            f"confidence {p.confidence:.2f} is below the threshold {g.confidence_threshold:.2f}",
+        )
     if g.mode == "observe":
         return Decision(p, "observe", "mode is observe: decided and recorded, not acted on")
     mode = g.actions.get(p.action, g.mode)
     if mode == "propose":
         return Decision(p, "ask", f"autonomy for {p.action!r} is propose: a human approves")
-    return Decision(p, "act", f"{p.proposer} matched with confidence {p.confidence:.2f} "
-                    f"≥ {g.confidence_threshold:.2f} and {p.action!r} is on act")
+    return Decision(
+        p,
+        "act",
+        f"{p.proposer} matched with confidence {p.confidence:.2f} "
+        f"≥ {g.confidence_threshold:.2f} and {p.action!r} is on act",
+    )
 
 
 def decide(
@@ -196,12 +232,30 @@ def decide(
         d = gate(p, settings)
         decisions.append(d)
         if d.verdict == "ask":
-            kind = "low_confidence" if p.confidence < settings.gate.confidence_threshold else "approval"
-            doubts.append(Doubt(kind, p.target, f"{p.proposer} proposes {p.action} "
-                                f"{_brief(p.params)}: {d.why}", key={"action": p.action},
-                                proposals=(p,)))
-    ids = tuple(sorted({str(f["id"]) for d in doubts if d.kind in ("unmatched", "sensing_failure")
-                        for f in d.facts}))
+            kind = (
+                "low_confidence"
+                if p.confidence < settings.gate.confidence_threshold
+                else "approval"
+            )
+            doubts.append(
+                Doubt(
+                    kind,
+                    p.target,
+                    f"{p.proposer} proposes {p.action} {_brief(p.params)}: {d.why}",
+                    key={"action": p.action},
+                    proposals=(p,),
+                )
+            )
+    ids = tuple(
+        sorted(
+            {
+                str(f["id"])
+                for d in doubts
+                if d.kind in ("unmatched", "sensing_failure")
+                for f in d.facts
+            }
+        )
+    )
     return Decided(tuple(decisions), tuple(doubts), ids)
 
 

@@ -18,6 +18,7 @@ a registered ruleset. This adapter makes it a pure-looking function `match(facts
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 from collections.abc import Sequence
@@ -92,12 +93,12 @@ class Engine:
             try:
                 host.assert_facts(self._name, batch)
             except (_dr.MessageNotHandledException, _dr.MessageObservedException) as exc:
-                raise EngineError(f"durable_rules rejected the batch: {type(exc).__name__}") from exc
+                raise EngineError(
+                    f"durable_rules rejected the batch: {type(exc).__name__}"
+                ) from exc
             finally:
-                try:
+                with contextlib.suppress(Exception):  # a missing session is nothing to clean
                     host.delete_state(self._name, sid)
-                except Exception:  # noqa: BLE001 - a missing session is nothing to clean
-                    pass
             fired = [m for m in self._fired if m.key not in (SINK, TICK)]
             self._fired.clear()
         return fired

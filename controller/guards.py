@@ -73,9 +73,15 @@ def _launch(d: Decision, count: int, ctx: Context, b: _Budget, doubts: list[Doub
     room, limit = _launch_room(ctx, b)
     if room <= 0:
         if limit in ("max_spend_per_hour", "max_instances"):
-            doubts.append(Doubt("guard_veto", "fleet", f"{d.proposal.proposer} wants {count} more "
-                                f"instance(s) but {limit} allows none", key={"guard": limit},
-                                proposals=(d.proposal,)))
+            doubts.append(
+                Doubt(
+                    "guard_veto",
+                    "fleet",
+                    f"{d.proposal.proposer} wants {count} more instance(s) but {limit} allows none",
+                    key={"guard": limit},
+                    proposals=(d.proposal,),
+                )
+            )
         return _veto(d, limit, f"{limit} allows no launch now (wanted {count})")
     n = min(count, room)
     b.launched += n
@@ -83,7 +89,9 @@ def _launch(d: Decision, count: int, ctx: Context, b: _Budget, doubts: list[Doub
     if d.proposal.action == "replace":
         return d
     why = d.why if n == count else f"{d.why}; trimmed from {count} to {n} by {limit}"
-    return replace(d, action="launch", params={"count": n}, why=why, guard="" if n == count else limit)
+    return replace(
+        d, action="launch", params={"count": n}, why=why, guard="" if n == count else limit
+    )
 
 
 def _scale_to(d: Decision, ctx: Context, b: _Budget, doubts: list[Doubt]) -> Decision:
@@ -99,8 +107,11 @@ def _cooldown(d: Decision, ctx: Context) -> Decision | None:
     wait = ctx.limits.cooldowns_s.get(action)
     last = ctx.hist.last_acted.get(f"{action}:{d.proposal.target}")
     if wait and last is not None and ctx.now - last < wait:
-        return _veto(d, "cooldown", f"{action} on {d.proposal.target} {ctx.now - last:.0f}s ago "
-                     f"(cooldown {wait:.0f}s)")
+        return _veto(
+            d,
+            "cooldown",
+            f"{action} on {d.proposal.target} {ctx.now - last:.0f}s ago (cooldown {wait:.0f}s)",
+        )
     return None
 
 
@@ -108,24 +119,42 @@ def _destroy(d: Decision, inst: dict[str, Any], ctx: Context, b: _Budget) -> Dec
     lim, fleet = ctx.limits, ctx.fleet
     healthy = inst.get("status") == "running" and inst.get("sidecar") == "up"
     if healthy and not inst.get("drained"):
-        drained = replace(d, action="drain", why=f"{d.why}; drain before destroy: its Curio node "
-                          "may still take tasks", guard="drain_before_destroy")
+        drained = replace(
+            d,
+            action="drain",
+            why=f"{d.why}; drain before destroy: its Curio node may still take tasks",
+            guard="drain_before_destroy",
+        )
         return _cooldown(drained, ctx) or drained
     if healthy and int(inst.get("tasks_running", 0)) > 0:
-        return _veto(d, "drain_before_destroy", f"draining: {inst['tasks_running']} task(s) still "
-                     "running on it")
+        return _veto(
+            d,
+            "drain_before_destroy",
+            f"draining: {inst['tasks_running']} task(s) still running on it",
+        )
     last_launch = max(ctx.hist.launches, default=None)
     scale_down = healthy and inst.get("stage") == "running" and not inst.get("retiring")
-    if scale_down and last_launch is not None and ctx.now - last_launch < lim.scale_down_delay_after_up_s:
-        return _veto(d, "scale_down_delay", f"launched {ctx.now - last_launch:.0f}s ago; no "
-                     f"scale-down for {lim.scale_down_delay_after_up_s:.0f}s after a scale-up")
+    if (
+        scale_down
+        and last_launch is not None
+        and ctx.now - last_launch < lim.scale_down_delay_after_up_s
+    ):
+        return _veto(
+            d,
+            "scale_down_delay",
+            f"launched {ctx.now - last_launch:.0f}s ago; no "
+            f"scale-down for {lim.scale_down_delay_after_up_s:.0f}s after a scale-up",
+        )
     live = int(fleet.get("instances", 0))
     if scale_down and live - b.removed - 1 < lim.min_instances:
         return _veto(d, "min_instances", f"would leave fewer than {lim.min_instances} instance(s)")
     cap = max(1, math.floor(live * lim.max_destroy_share_per_tick))
     if b.removed + 1 > cap:
-        return _veto(d, "max_destroy_share_per_tick", f"already removing {b.removed} of {live} this "
-                     "tick; the rest waits for the next tick")
+        return _veto(
+            d,
+            "max_destroy_share_per_tick",
+            f"already removing {b.removed} of {live} this tick; the rest waits for the next tick",
+        )
     b.removed += 1
     return d
 
@@ -141,9 +170,16 @@ def _on_instance(d: Decision, ctx: Context, b: _Budget, doubts: list[Doubt]) -> 
         if inst.get("retiring"):
             return _noop(d, "a replacement is already under way")
         return _launch(d, 1, ctx, b, doubts)
-    if action == "restart_daemon" and int(inst.get("restarts_1h", 0)) >= ctx.limits.crash_loop_limit:
-        return _veto(d, "crash_loop_limit", f"{inst['restarts_1h']} restarts in the last hour "
-                     f"(limit {ctx.limits.crash_loop_limit}): replace it instead")
+    if (
+        action == "restart_daemon"
+        and int(inst.get("restarts_1h", 0)) >= ctx.limits.crash_loop_limit
+    ):
+        return _veto(
+            d,
+            "crash_loop_limit",
+            f"{inst['restarts_1h']} restarts in the last hour "
+            f"(limit {ctx.limits.crash_loop_limit}): replace it instead",
+        )
     return _cooldown(d, ctx) or d
 
 

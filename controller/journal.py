@@ -117,8 +117,11 @@ class Journal:
 
     def put(self, key: str, value: Any) -> None:
         with self.tx() as db:
-            db.execute("INSERT INTO kv(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET "
-                       "value = excluded.value", (key, _dumps(value)))
+            db.execute(
+                "INSERT INTO kv(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET "
+                "value = excluded.value",
+                (key, _dumps(value)),
+            )
 
     # ---- ticks -----------------------------------------------------------------------------
     def start_tick(self, now: float, rules: str) -> int:
@@ -128,8 +131,10 @@ class Journal:
 
     def finish_tick(self, tick_id: int, now: float, summary: dict[str, Any]) -> None:
         with self.tx() as db:
-            db.execute("UPDATE ticks SET finished_at = ?, summary = ? WHERE id = ?",
-                       (now, _dumps(summary), tick_id))
+            db.execute(
+                "UPDATE ticks SET finished_at = ?, summary = ? WHERE id = ?",
+                (now, _dumps(summary), tick_id),
+            )
 
     def ticks(self, limit: int = 20) -> list[dict[str, Any]]:
         rows = self._all("SELECT * FROM ticks ORDER BY id DESC LIMIT ?", (limit,))
@@ -142,24 +147,57 @@ class Journal:
         return float(row["t"]) if row and row["t"] is not None else None
 
     # ---- actions ---------------------------------------------------------------------------
-    def record(self, *, tick_id: int | None, now: float, action: str, target: str,
-               params: dict[str, Any], proposer: str, reason: str, confidence: float | None,
-               verdict: str, why: str, guard: str = "", status: str, key: str | None = None,
-               escalation_id: int | None = None, parent_id: int | None = None) -> int:
+    def record(
+        self,
+        *,
+        tick_id: int | None,
+        now: float,
+        action: str,
+        target: str,
+        params: dict[str, Any],
+        proposer: str,
+        reason: str,
+        confidence: float | None,
+        verdict: str,
+        why: str,
+        guard: str = "",
+        status: str,
+        key: str | None = None,
+        escalation_id: int | None = None,
+        parent_id: int | None = None,
+    ) -> int:
         """Write one decision. For `act`, status is `intent`: written before the provider call."""
         with self.tx() as db:
             cur = db.execute(
                 "INSERT INTO actions(tick_id, at, action, target, params, proposer, reason, "
                 "confidence, verdict, why, guard, status, key, escalation_id, parent_id) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (tick_id, now, action, target, _dumps(params), proposer, reason, confidence,
-                 verdict, why, guard, status, key, escalation_id, parent_id))
+                (
+                    tick_id,
+                    now,
+                    action,
+                    target,
+                    _dumps(params),
+                    proposer,
+                    reason,
+                    confidence,
+                    verdict,
+                    why,
+                    guard,
+                    status,
+                    key,
+                    escalation_id,
+                    parent_id,
+                ),
+            )
             return int(cur.lastrowid or 0)
 
     def finish(self, action_id: int, now: float, status: str, result: dict[str, Any]) -> None:
         with self.tx() as db:
-            db.execute("UPDATE actions SET status = ?, result = ?, finished_at = ? WHERE id = ?",
-                       (status, _dumps(result), now, action_id))
+            db.execute(
+                "UPDATE actions SET status = ?, result = ?, finished_at = ? WHERE id = ?",
+                (status, _dumps(result), now, action_id),
+            )
 
     def actions(self, limit: int = 100, *, executed_only: bool = False) -> list[dict[str, Any]]:
         where = "WHERE verdict = 'act'" if executed_only else ""
@@ -173,28 +211,54 @@ class Journal:
         return self._all("SELECT * FROM actions WHERE status = 'intent' ORDER BY id")
 
     def recent_for(self, target: str, since: float) -> list[dict[str, Any]]:
-        return self._all("SELECT at, action, params, status, proposer FROM actions WHERE target = ? "
-                         "AND verdict = 'act' AND at >= ? ORDER BY id", (target, since))
+        return self._all(
+            "SELECT at, action, params, status, proposer FROM actions WHERE target = ? "
+            "AND verdict = 'act' AND at >= ? ORDER BY id",
+            (target, since),
+        )
 
     # ---- escalations -----------------------------------------------------------------------
     def last_escalation(self, fingerprint: str) -> dict[str, Any] | None:
-        return self._one("SELECT * FROM escalations WHERE fingerprint = ? ORDER BY id DESC LIMIT 1",
-                         (fingerprint,))
+        return self._one(
+            "SELECT * FROM escalations WHERE fingerprint = ? ORDER BY id DESC LIMIT 1",
+            (fingerprint,),
+        )
 
-    def add_escalation(self, *, fingerprint: str, kind: str, subject: str, summary: str,
-                       now: float, deadline: float, situation: dict[str, Any],
-                       default_action: dict[str, Any]) -> int:
+    def add_escalation(
+        self,
+        *,
+        fingerprint: str,
+        kind: str,
+        subject: str,
+        summary: str,
+        now: float,
+        deadline: float,
+        situation: dict[str, Any],
+        default_action: dict[str, Any],
+    ) -> int:
         with self.tx() as db:
             cur = db.execute(
-                "INSERT INTO escalations(fingerprint, kind, subject, summary, created_at, deadline, "
+                "INSERT INTO escalations(fingerprint, kind, subject, summary, created_at, "
+                "deadline, "
                 "status, situation, default_action) VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?)",
-                (fingerprint, kind, subject, summary, now, deadline, _dumps(situation),
-                 _dumps(default_action)))
+                (
+                    fingerprint,
+                    kind,
+                    subject,
+                    summary,
+                    now,
+                    deadline,
+                    _dumps(situation),
+                    _dumps(default_action),
+                ),
+            )
             return int(cur.lastrowid or 0)
 
     def escalations(self, status: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
         where, args = ("WHERE status = ?", [status]) if status else ("", [])
-        rows = self._all(f"SELECT * FROM escalations {where} ORDER BY id DESC LIMIT ?", [*args, limit])
+        rows = self._all(
+            f"SELECT * FROM escalations {where} ORDER BY id DESC LIMIT ?", [*args, limit]
+        )
         return [self._decode_esc(r) for r in rows[::-1]]
 
     def escalation(self, esc_id: int) -> dict[str, Any] | None:
@@ -207,43 +271,59 @@ class Journal:
             r[k] = json.loads(r[k]) if r.get(k) else None
         return r
 
-    def answer(self, esc_id: int, *, status: str, by: str, now: float,
-               answer: dict[str, Any] | None) -> bool:
+    def answer(
+        self, esc_id: int, *, status: str, by: str, now: float, answer: dict[str, Any] | None
+    ) -> bool:
         """Answer a pending escalation; False if it was not pending (answered or expired)."""
         with self.tx() as db:
-            cur = db.execute("UPDATE escalations SET status = ?, answered_by = ?, answered_at = ?, "
-                             "answer = ? WHERE id = ? AND status = 'pending'",
-                             (status, by, now, _dumps(answer) if answer else None, esc_id))
+            cur = db.execute(
+                "UPDATE escalations SET status = ?, answered_by = ?, answered_at = ?, "
+                "answer = ? WHERE id = ? AND status = 'pending'",
+                (status, by, now, _dumps(answer) if answer else None, esc_id),
+            )
             return cur.rowcount == 1
 
     def set_escalation_status(self, esc_id: int, status: str, action_id: int | None = None) -> None:
         with self.tx() as db:
-            db.execute("UPDATE escalations SET status = ?, executed_action_id = ? WHERE id = ?",
-                       (status, action_id, esc_id))
+            db.execute(
+                "UPDATE escalations SET status = ?, executed_action_id = ? WHERE id = ?",
+                (status, action_id, esc_id),
+            )
 
     def add_delivery(self, esc_id: int, channel: str, now: float, ok: bool, detail: str) -> None:
         with self.tx() as db:
-            db.execute("INSERT INTO deliveries(escalation_id, channel, at, ok, detail) "
-                       "VALUES (?, ?, ?, ?, ?)", (esc_id, channel, now, int(ok), detail))
+            db.execute(
+                "INSERT INTO deliveries(escalation_id, channel, at, ok, detail) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (esc_id, channel, now, int(ok), detail),
+            )
 
     def deliveries(self, esc_id: int) -> list[dict[str, Any]]:
-        return self._all("SELECT channel, at, ok, detail FROM deliveries WHERE escalation_id = ? "
-                         "ORDER BY id", (esc_id,))
+        return self._all(
+            "SELECT channel, at, ok, detail FROM deliveries WHERE escalation_id = ? ORDER BY id",
+            (esc_id,),
+        )
 
     # ---- tracks, events, hosts, replacements -------------------------------------------------
     def save_tracks(self, tracks: dict[str, Track], events: list[Event]) -> None:
         with self.tx() as db:
             db.execute("DELETE FROM tracks")
-            db.executemany("INSERT INTO tracks(id, data) VALUES (?, ?)",
-                           [(k, _dumps(asdict(t))) for k, t in tracks.items()])
-            db.executemany("INSERT INTO events(instance_id, at, kind, detail) VALUES (?, ?, ?, ?)",
-                           [(e.instance_id, e.at, e.kind, _dumps(e.detail)) for e in events])
+            db.executemany(
+                "INSERT INTO tracks(id, data) VALUES (?, ?)",
+                [(k, _dumps(asdict(t))) for k, t in tracks.items()],
+            )
+            db.executemany(
+                "INSERT INTO events(instance_id, at, kind, detail) VALUES (?, ?, ?, ?)",
+                [(e.instance_id, e.at, e.kind, _dumps(e.detail)) for e in events],
+            )
             for e in events:
                 if e.kind == "bench" and e.detail.get("rate") is not None:
                     db.execute(
                         "INSERT INTO hosts(machine_id, bench_rate, bench_at) VALUES (?, ?, ?) "
                         "ON CONFLICT(machine_id) DO UPDATE SET bench_rate = excluded.bench_rate, "
-                        "bench_at = excluded.bench_at", (e.detail["machine_id"], e.detail["rate"], e.at))
+                        "bench_at = excluded.bench_at",
+                        (e.detail["machine_id"], e.detail["rate"], e.at),
+                    )
 
     def events(self, instance_id: str | None = None, limit: int = 500) -> list[dict[str, Any]]:
         where, args = ("WHERE instance_id = ?", [instance_id]) if instance_id else ("", [])
@@ -258,43 +338,63 @@ class Journal:
                 "INSERT INTO hosts(machine_id, failures, blocked_until, block_reason) "
                 "VALUES (?, 1, ?, ?) ON CONFLICT(machine_id) DO UPDATE SET "
                 "failures = hosts.failures + 1, blocked_until = excluded.blocked_until, "
-                "block_reason = excluded.block_reason", (machine_id, until, reason))
+                "block_reason = excluded.block_reason",
+                (machine_id, until, reason),
+            )
 
     def hosts(self) -> list[dict[str, Any]]:
         return self._all("SELECT * FROM hosts ORDER BY machine_id")
 
-    def add_replacement(self, old_id: str, new_label: str, now: float, deadline: float,
-                        action_id: int) -> None:
+    def add_replacement(
+        self, old_id: str, new_label: str, now: float, deadline: float, action_id: int
+    ) -> None:
         with self.tx() as db:
-            db.execute("INSERT OR REPLACE INTO replacements(old_id, new_label, created_at, deadline, "
-                       "state, action_id) VALUES (?, ?, ?, ?, 'waiting', ?)",
-                       (old_id, new_label, now, deadline, action_id))
+            db.execute(
+                "INSERT OR REPLACE INTO replacements(old_id, new_label, created_at, deadline, "
+                "state, action_id) VALUES (?, ?, ?, ?, 'waiting', ?)",
+                (old_id, new_label, now, deadline, action_id),
+            )
 
     def replacements(self, state: str = "waiting") -> list[dict[str, Any]]:
         return self._all("SELECT * FROM replacements WHERE state = ? ORDER BY created_at", (state,))
 
     def set_replacement(self, old_id: str, state: str, new_id: str | None = None) -> None:
         with self.tx() as db:
-            db.execute("UPDATE replacements SET state = ?, new_id = COALESCE(?, new_id) "
-                       "WHERE old_id = ?", (state, new_id, old_id))
+            db.execute(
+                "UPDATE replacements SET state = ?, new_id = COALESCE(?, new_id) WHERE old_id = ?",
+                (state, new_id, old_id),
+            )
 
     def history(self, now: float) -> History:
         """Everything one tick's decision reads, as plain data."""
         since = now - HISTORY_WINDOW_S
-        tracks = {r["id"]: Track(**json.loads(r["data"])) for r in self._all("SELECT * FROM tracks")}
-        events = tuple(Event(r["instance_id"], r["at"], r["kind"], json.loads(r["detail"]))
-                       for r in self._all("SELECT * FROM events WHERE at >= ? AND kind IN "
-                                          "('death', 'restart') ORDER BY id", (since,)))
+        tracks = {
+            r["id"]: Track(**json.loads(r["data"])) for r in self._all("SELECT * FROM tracks")
+        }
+        events = tuple(
+            Event(r["instance_id"], r["at"], r["kind"], json.loads(r["detail"]))
+            for r in self._all(
+                "SELECT * FROM events WHERE at >= ? AND kind IN ('death', 'restart') ORDER BY id",
+                (since,),
+            )
+        )
         hosts = self.hosts()
-        acted = self._all("SELECT action, target, MAX(at) AS at FROM actions WHERE verdict = 'act' "
-                          "AND status != 'failed' AND at >= ? GROUP BY action, target", (since,))
-        launches = self._all("SELECT at FROM actions WHERE action = 'launch' AND "
-                             "parent_id IS NOT NULL AND status IN ('ok', 'intent') AND at >= ?",
-                             (since,))
+        acted = self._all(
+            "SELECT action, target, MAX(at) AS at FROM actions WHERE verdict = 'act' "
+            "AND status != 'failed' AND at >= ? GROUP BY action, target",
+            (since,),
+        )
+        launches = self._all(
+            "SELECT at FROM actions WHERE action = 'launch' AND "
+            "parent_id IS NOT NULL AND status IN ('ok', 'intent') AND at >= ?",
+            (since,),
+        )
         waiting = self.replacements()
         return History(
             instances=tracks, events=events,
-            host_rates={h["machine_id"]: h["bench_rate"] for h in hosts if h["bench_rate"] is not None},
+            host_rates={
+                h["machine_id"]: h["bench_rate"] for h in hosts if h["bench_rate"] is not None
+            },
             host_blocks={h["machine_id"]: h["blocked_until"] for h in hosts if h["blocked_until"]},
             launches=tuple(r["at"] for r in launches),
             last_acted={f"{r['action']}:{r['target']}": r["at"] for r in acted},

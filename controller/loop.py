@@ -18,6 +18,7 @@ prints). `Controller.tick()` is one whole pass:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -96,16 +97,33 @@ def followups(journal: Journal, obs: Observation, now: float, *, write: bool) ->
             why = "its replacement did not run before the deadline"
         else:
             continue
-        out.append(Proposal("destroy", {"instance": old}, "controller:replace",
-                            f"replace (action #{r['action_id']}): {why}", 1.0, 100))
+        out.append(
+            Proposal(
+                "destroy",
+                {"instance": old},
+                "controller:replace",
+                f"replace (action #{r['action_id']}): {why}",
+                1.0,
+                100,
+            )
+        )
     return out
 
 
 class Controller:
-    def __init__(self, *, journal: Journal, provider: Provider, demand: DemandSensor,
-                 rules: RulesSource, settings: DecideSettings, escalator: Escalator,
-                 clock: Callable[[], float], before_tick: Callable[[], None] | None = None,
-                 after_tick: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        journal: Journal,
+        provider: Provider,
+        demand: DemandSensor,
+        rules: RulesSource,
+        settings: DecideSettings,
+        escalator: Escalator,
+        clock: Callable[[], float],
+        before_tick: Callable[[], None] | None = None,
+        after_tick: Callable[[], None] | None = None,
+    ) -> None:
         self.journal = journal
         self.provider = provider
         self.demand = demand
@@ -130,13 +148,24 @@ class Controller:
         hist = replace(hist, instances=tracks, events=hist.events + recent)
         facts = build_facts(obs, hist, now)
         matches = self.rules.engine.match(facts, now)
-        extra = approvals.approved_proposals(self.journal) + followups(self.journal, obs, now,
-                                                                       write=write)
+        extra = approvals.approved_proposals(self.journal) + followups(
+            self.journal, obs, now, write=write
+        )
         decided = decide(facts, matches, self.rules.book, self.settings, now, extra)
         ctx = guards.Context({str(f["id"]): f for f in facts}, hist, self._limits(), now)
         checked, vetoes = guards.check(decided.decisions, ctx)
-        return Planned(now, obs, hist, tracks, events, facts, matches, decided,
-                       Plan(tuple(checked)), decided.doubts + tuple(vetoes))
+        return Planned(
+            now,
+            obs,
+            hist,
+            tracks,
+            events,
+            facts,
+            matches,
+            decided,
+            Plan(tuple(checked)),
+            decided.doubts + tuple(vetoes),
+        )
 
     def tick(self) -> Planned:
         """Steps 1-9."""
@@ -147,8 +176,10 @@ class Controller:
         expired = approvals.expire(self.journal, now)
         planned = self.plan(now, write=True)
         if expired:
-            extra_plan, _ = guards.check([Decision(p, "act", p.reason) for p in expired],
-                                         guards.Context({}, planned.history, self._limits(), now))
+            extra_plan, _ = guards.check(
+                [Decision(p, "act", p.reason) for p in expired],
+                guards.Context({}, planned.history, self._limits(), now),
+            )
             planned = replace(planned, plan=Plan(planned.plan.decisions + tuple(extra_plan)))
         self.journal.save_tracks(planned.tracks, planned.events)
         by_id = {str(f["id"]): f for f in planned.facts}
@@ -157,27 +188,42 @@ class Controller:
         raised = self.escalator.raise_all(planned.doubts, fleet, self._budget(fleet, planned), now)
         if all(s.state == "ok" for s in planned.observation.sensors):
             self.escalator.resolve_cleared(planned.doubts, fleet, now)
-        summary = {**counts, "escalated": len(raised), "doubts": len(planned.doubts),
-                   "instances": fleet.get("instances"), "pending": fleet.get("pending"),
-                   "spend_per_h": fleet.get("spend_per_h")}
+        summary = {
+            **counts,
+            "escalated": len(raised),
+            "doubts": len(planned.doubts),
+            "instances": fleet.get("instances"),
+            "pending": fleet.get("pending"),
+            "spend_per_h": fleet.get("spend_per_h"),
+        }
         self.journal.finish_tick(tick_id, now, summary)
+        if tick_id % 10 == 0:
+            log.info("[%s] tick %d: %s instance(s), %s task(s) pending, $%s/h, %d escalation(s) "
+                     "pending", _clock(now), tick_id, summary["instances"], summary["pending"],
+                     summary["spend_per_h"], len(self.journal.escalations(status="pending")))
         if self.after_tick:
             self.after_tick()
         return planned
 
-    def _carry_out(self, planned: Planned, tick_id: int, facts: dict[str, dict[str, Any]]
-                   ) -> dict[str, int]:
+    def _carry_out(
+        self, planned: Planned, tick_id: int, facts: dict[str, dict[str, Any]]
+    ) -> dict[str, int]:
         counts: dict[str, int] = {}
+        effective = {
+            d.proposal.target for d in planned.plan.decisions if d.verdict not in _QUIET
+        }
         for d in planned.plan.decisions:
             counts[d.verdict] = counts.get(d.verdict, 0) + 1
-            if d.verdict == "noop" and d.proposal.escalation_id is None:
+            if not _worth_recording(d, effective):
                 continue
             action_id = self._record(d, tick_id, planned.now)
             if d.verdict == "act":
-                log.info("%s %s ← %s: %s [%s]", d.effective_action, _brief(d.effective_params),
-                         d.proposal.proposer, d.proposal.reason, d.why)
-                outcome = self.actuator.execute(d, action_id, tick_id, planned.history, planned.now,
-                                                facts)
+                outcome = self.actuator.execute(
+                    d, action_id, tick_id, planned.history, planned.now, facts
+                )
+                log.info("[%s] %s %s → %s%s | %s", _clock(planned.now), d.effective_action,
+                         _brief(d.effective_params), outcome.status, _result(outcome.result),
+                         _who(d))  # fmt: skip
                 status = "executed" if outcome.status != "failed" else "failed"
             else:
                 status = {"veto": "vetoed"}.get(d.verdict, d.verdict)
@@ -187,8 +233,11 @@ class Controller:
         return counts
 
     def _record(self, d: Decision, tick_id: int, now: float) -> int:
-        status = "intent" if d.verdict == "act" else {"veto": "vetoed", "ask": "asked",
-                                                      "observe": "observed"}.get(d.verdict, d.verdict)
+        status = (
+            "intent"
+            if d.verdict == "act"
+            else {"veto": "vetoed", "ask": "asked", "observe": "observed"}.get(d.verdict, d.verdict)
+        )
         return self.journal.record(
             tick_id=tick_id, now=now, action=d.effective_action, target=d.proposal.target,
             params=d.effective_params, proposer=d.proposal.proposer, reason=d.proposal.reason,
@@ -199,12 +248,43 @@ class Controller:
     def _budget(self, fleet: dict[str, Any], planned: Planned) -> dict[str, Any]:
         lim = self.settings.guards
         return {
-            "spend_left_per_h": round(lim.max_spend_per_hour - float(fleet.get("spend_per_h", 0)), 2),
+            "spend_left_per_h": round(
+                lim.max_spend_per_hour - float(fleet.get("spend_per_h", 0)), 2
+            ),
             "launches_left_1h": lim.max_launches_per_hour
             - planned.history.launches_since(planned.now - 3600),
             "max_instances": lim.max_instances,
         }
 
 
+_QUIET = ("noop", "superseded")
+
+
+def _worth_recording(d: Decision, effective: set[str]) -> bool:
+    """Noops are not journaled (unless they answer a human); a superseded proposal only when
+    the proposal that won did something (else every tick would repeat it)."""
+    if d.verdict == "noop":
+        return d.proposal.escalation_id is not None
+    if d.verdict == "superseded":
+        return d.proposal.target in effective
+    return True
+
+
 def _brief(params: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in params.items())
+
+
+def _clock(now: float) -> str:
+    return time.strftime("%m-%d %H:%M", time.gmtime(now))
+
+
+def _result(result: dict[str, Any]) -> str:
+    shown = {k: v for k, v in result.items() if k in ("launched", "replacement", "error")}
+    return f" ({_brief(shown)})" if shown else ""
+
+
+def _who(d: Decision) -> str:
+    p = d.proposal
+    if p.proposer.startswith("rule:"):
+        return f"rule {p.proposer[5:]}: {p.reason}"
+    return f"{p.proposer}: {p.reason}"

@@ -148,14 +148,18 @@ def _check_pattern(
         fline = pattern.line_of(fld) if isinstance(pattern, Located) else line
         if fld not in FIELDS[kind]:
             known = ", ".join(sorted(FIELDS[kind]))
-            col.add(fline, f"unknown field {fld!r} for {kind} facts (expected one of {known})", rule)
+            col.add(
+                fline, f"unknown field {fld!r} for {kind} facts (expected one of {known})", rule
+            )
             continue
         if not isinstance(cond, dict):
             if isinstance(cond, list) or cond is None:
                 col.add(fline, f"field {fld!r}: use 'in: [...]' for a list of values", rule)
             continue
         if set(cond) == {"ref"}:
-            col.add(fline, f"field {fld!r}: a reference needs an operator, e.g. lt: {{ref: ...}}", rule)
+            col.add(
+                fline, f"field {fld!r}: a reference needs an operator, e.g. lt: {{ref: ...}}", rule
+            )
             continue
         for op, value in cond.items():
             if op not in OPERATORS:
@@ -201,7 +205,9 @@ def _parse_rule(col: _Collector, raw: Any, line: int) -> Rule | None:
         isinstance(confidence, bool) or not isinstance(confidence, (int, float))
         or not 0.0 <= confidence <= 1.0
     ):  # fmt: skip
-        col.add(at("confidence"), f"confidence must be a number from 0 to 1, got {confidence!r}", rname)
+        col.add(
+            at("confidence"), f"confidence must be a number from 0 to 1, got {confidence!r}", rname
+        )
     priority = raw.get("priority", 0)
     if isinstance(priority, bool) or not isinstance(priority, int):
         col.add(at("priority"), f"priority must be an integer, got {priority!r}", rname)
@@ -227,7 +233,9 @@ def _parse_then(
     action = then["action"]
     schema = actions.ACTIONS.get(action)
     if schema is None:
-        col.add(line, f"unknown action {action!r} (expected one of {', '.join(actions.ACTIONS)})", rule)
+        col.add(
+            line, f"unknown action {action!r} (expected one of {', '.join(actions.ACTIONS)})", rule
+        )
         return None
     allowed = {f.alias or n for n, f in schema.model_fields.items()}
     params: dict[str, Expr] = {}
@@ -237,7 +245,9 @@ def _parse_then(
         kline = then.line_of(key) if isinstance(then, Located) else line
         if key not in allowed:
             expected = ", ".join(sorted(allowed)) or "no parameters"
-            col.add(kline, f"action {action!r} has no parameter {key!r} (expected {expected})", rule)
+            col.add(
+                kline, f"action {action!r} has no parameter {key!r} (expected {expected})", rule
+            )
             continue
         try:
             expr = compile_expr(value)
@@ -246,14 +256,20 @@ def _parse_then(
             continue
         unknown = expr.names - set(kinds) - {"settings", "now"}
         if unknown:
-            col.add(kline, f"expression uses {', '.join(sorted(unknown))}, which 'when' does not "
-                    f"match (available: {', '.join(kinds + ('settings', 'now'))})", rule)
+            col.add(
+                kline,
+                f"expression uses {', '.join(sorted(unknown))}, which 'when' does not "
+                f"match (available: {', '.join(kinds + ('settings', 'now'))})",
+                rule,
+            )
             continue
         params[key] = expr
     return action, params
 
 
-def parse(path: str, text: str) -> tuple[dict[str, list[dict[str, Any]]], list[Rule], list[Problem]]:
+def parse(
+    path: str, text: str
+) -> tuple[dict[str, list[dict[str, Any]]], list[Rule], list[Problem]]:
     """One file's normal patterns, rules and problems."""
     col = _Collector(path)
     try:
@@ -300,8 +316,11 @@ def _parse_normal(col: _Collector, normal: Any, doc: Any) -> dict[str, list[dict
             if isinstance(pattern, dict):
                 for fld, cond in pattern.items():
                     if isinstance(cond, dict) and ("matches" in cond or "ref" in str(cond)):
-                        col.add(pline, f"normal pattern for {kind}: field {fld!r} may not use "
-                                "'matches' or references (normal facts are matched by negation)")
+                        col.add(
+                            pline,
+                            f"normal pattern for {kind}: field {fld!r} may not use "
+                            "'matches' or references (normal facts are matched by negation)",
+                        )
                 out.setdefault(kind, []).append(dict(pattern))
     return out
 
@@ -325,14 +344,25 @@ def load_texts(files: Iterable[tuple[str, str]]) -> Rulebook:
     for rule in rules:
         if rule.name in seen:
             first = seen[rule.name]
-            problems.append(Problem(rule.path, rule.line, f"duplicate rule name (first defined at "
-                                    f"{first.path}:{first.line})", rule.name))
+            problems.append(
+                Problem(
+                    rule.path,
+                    rule.line,
+                    f"duplicate rule name (first defined at {first.path}:{first.line})",
+                    rule.name,
+                )
+            )
         seen[rule.name] = rule
     if problems:
         raise RulesError(problems)
     frozen_normal = {k: tuple(v) for k, v in normal.items()}
-    return Rulebook(tuple(rules), frozen_normal, tuple(paths), digest.hexdigest()[:12],
-                    definition(rules, frozen_normal))
+    return Rulebook(
+        tuple(rules),
+        frozen_normal,
+        tuple(paths),
+        digest.hexdigest()[:12],
+        definition(rules, frozen_normal),
+    )
 
 
 def canonical(obj: Any) -> str:

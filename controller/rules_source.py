@@ -59,8 +59,11 @@ class RulesSource:
         try:
             book = read_rulebook(self.paths)
         except RulesError as exc:
-            log.error("rules reload failed; the last good rules (%s) stay in force:\n%s",
-                      self.book.digest, exc)
+            log.error(
+                "rules reload failed; the last good rules (%s) stay in force:\n%s",
+                self.book.digest,
+                exc,
+            )
             return False
         if book.digest == self.book.digest:
             return False

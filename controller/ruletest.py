@@ -39,7 +39,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "restarts_1h": 0, "deaths_1h": 0, "idle_for_s": 0.0, "host_blocked": False,
         "replacing": False, "retiring": False, "bench_rate": 35.0,
     },
-    "demand": {"task": "all", "pending": 0, "running": 0, "oldest_pending_s": 0.0, "max_retries": 0},
+    "demand": {
+        "task": "all", "pending": 0, "running": 0, "oldest_pending_s": 0.0, "max_retries": 0,
+    },
     "fleet": {"instances": 1, "active": 1, "serving": 1, "booting": 0, "dead": 0, "drained": 0,
               "spend_per_h": 0.5, "launches_1h": 0, "pending": 0, "running_tasks": 0},
     "sensor": {"name": "provider", "state": "ok", "detail": ""},
@@ -76,9 +78,19 @@ def _compare(expected: list[dict[str, Any]], got: list[dict[str, Any]]) -> list[
     problems = []
     left = list(got)
     for exp in expected:
-        hit = next((g for g in left if all(
-            (g["params"].get(k) == v for k, v in exp.get("params", {}).items()) if key == "params"
-            else g.get(key) == exp[key] for key in exp)), None)
+        hit = next(
+            (
+                g
+                for g in left
+                if all(
+                    (g["params"].get(k) == v for k, v in exp.get("params", {}).items())
+                    if key == "params"
+                    else g.get(key) == exp[key]
+                    for key in exp
+                )
+            ),
+            None,
+        )
         if hit is None:
             problems.append(f"expected proposal not made: {exp}")
         else:
@@ -92,8 +104,10 @@ def run_test(engine: Engine, test: dict[str, Any], settings: DecideSettings) -> 
     matches = engine.match(facts, 0.0)
     by_id = {f["id"]: f for f in facts}
     props, doubts = proposals_from(matches, by_id, engine.book, settings, 0.0)
-    got = [{"rule": p.proposer.removeprefix("rule:"), "action": p.action, "params": p.params}
-           for p in props]
+    got = [
+        {"rule": p.proposer.removeprefix("rule:"), "action": p.action, "params": p.params}
+        for p in props
+    ]
     expect = test.get("expect") or {}
     problems = _compare(list(expect.get("proposals") or []), got)
     problems += [f"rule error: {d.summary}" for d in doubts]
@@ -119,8 +133,9 @@ def run_file(path: Path) -> list[Result]:
     results = []
     for test in doc.get("tests") or []:
         where = f"{path}:{getattr(test, 'line', 0)}"
-        results.append(Result(where, str(test.get("name", "?")),
-                              tuple(run_test(engine, test, settings))))
+        results.append(
+            Result(where, str(test.get("name", "?")), tuple(run_test(engine, test, settings)))
+        )
     return results
 
 

@@ -11,7 +11,7 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from types import FrameType
 from typing import Any
 
@@ -54,10 +54,10 @@ class Runner:
         scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(max_workers=1)},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
-            timezone=timezone.utc,
+            timezone=UTC,
         )
-        trigger = IntervalTrigger(seconds=self.interval_s, timezone=timezone.utc)
-        scheduler.add_job(self._job, trigger, id="tick", next_run_time=datetime.now(timezone.utc))
+        trigger = IntervalTrigger(seconds=self.interval_s, timezone=UTC)
+        scheduler.add_job(self._job, trigger, id="tick", next_run_time=datetime.now(UTC))
         previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
         if threading.current_thread() is threading.main_thread():
             for s in previous:

@@ -24,7 +24,9 @@ class Guards(_Strict):
     max_instances: int = Field(30, ge=0, description="never launch above this many live instances")
     max_spend_per_hour: float = Field(30.0, ge=0, description="$/hour for the whole fleet")
     launch_dph_estimate: float = Field(
-        0.90, gt=0, description="$/hour assumed for an instance not yet rented (the offer price cap)"
+        0.90,
+        gt=0,
+        description="$/hour assumed for an instance not yet rented (the offer price cap)",
     )
     max_launches_per_hour: int = Field(30, ge=0)
     max_launches_per_tick: int = Field(6, ge=0)
@@ -42,8 +44,10 @@ class Guards(_Strict):
         3, ge=1, description="daemon restarts in an hour after which restarting is refused"
     )
     replace_deadline_s: float = Field(
-        1800, gt=0, description="destroy the old instance this long after its replacement was "
-        "launched, even if the replacement is not running yet"
+        1800,
+        gt=0,
+        description="destroy the old instance this long after its replacement was "
+        "launched, even if the replacement is not running yet",
     )
     paused: bool = Field(False, description="the pause switch: decide and record, act on nothing")
 
@@ -60,7 +64,10 @@ class Gate(_Strict):
         0.5, gt=0, le=1, description="confidence multiplier while a sensor is stale or failed"
     )
     large_change_share: float = Field(
-        0.25, gt=0, le=1, description="a plan removing more than this share of the fleet is doubtful"
+        0.25,
+        gt=0,
+        le=1,
+        description="a plan removing more than this share of the fleet is doubtful",
     )
     large_change_factor: float = Field(0.7, gt=0, le=1)
 

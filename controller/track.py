@@ -56,7 +56,9 @@ class History:
 
     def count(self, instance_id: str, kind: str, since: float) -> int:
         return sum(
-            1 for e in self.events if e.instance_id == instance_id and e.kind == kind and e.at >= since
+            1
+            for e in self.events
+            if e.instance_id == instance_id and e.kind == kind and e.at >= since
         )
 
     def host_blocked(self, machine_id: str, now: float) -> bool:
@@ -104,7 +106,9 @@ def _step(old: Track, inst: Instance, now: float) -> tuple[Track, list[Event]]:
     if inst.bench_rate is not None and inst.bench_rate != old.bench_rate:
         events.append(Event(inst.id, now, "bench", _bench(inst)))
     ever_up = t.ever_up or inst.daemon == "up"
-    return replace(t, uptime=inst.daemon_uptime_s, bench_rate=inst.bench_rate, ever_up=ever_up), events
+    return replace(
+        t, uptime=inst.daemon_uptime_s, bench_rate=inst.bench_rate, ever_up=ever_up
+    ), events
 
 
 def _daemon_events(old: Track, inst: Instance, now: float) -> list[Event]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 from controller.engine import Engine
 from controller.rulebook import Rulebook, load_texts
 from controller.ruletest import DEFAULTS

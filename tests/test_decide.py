@@ -28,7 +28,9 @@ rules:
     priority: 10
   - name: grow
     when: {demand: {pending: {gt: 0}}}
-    then: {action: scale_to, count: "{{ (demand.pending / settings.tasks_per_instance) | round(0, 'ceil') | int }}"}
+    then:
+      action: scale_to
+      count: "{{ (demand.pending / settings.tasks_per_instance) | round(0, 'ceil') | int }}"
     confidence: 0.9
   - name: unsure
     when: {instance: {daemon: down}}
@@ -126,7 +128,9 @@ def test_removing_many_working_instances_at_once_is_doubtful_but_idle_scale_down
     out = run([*busy, fleet], [fired("replace-it", instance=f"i{n}") for n in range(4)])
     assert {d.verdict for d in out.decisions} == {"ask"}
     idle = [fact("instance", f"i{n}", tasks_running=0) for n in range(4)]
-    props = tuple(Proposal("destroy", {"instance": f"i{n}"}, "rule:x", "idle", 0.9) for n in range(4))
+    props = tuple(
+        Proposal("destroy", {"instance": f"i{n}"}, "rule:x", "idle", 0.9) for n in range(4)
+    )
     out = run([*idle, fleet], [], extra=props)
     assert {d.verdict for d in out.decisions} == {"act"}
 

@@ -42,11 +42,12 @@ def _closure(start: tuple[str, ...]) -> dict[str, set[str]]:
             continue
         seen[mod] = _imports(mod)
         for imp in seen[mod]:
-            if imp.split(".")[0] in ("controller", "escalation"):
-                if (ROOT / (imp.replace(".", "/") + ".py")).exists():
-                    todo.append(imp)
-                elif (ROOT / imp.replace(".", "/") / "__init__.py").exists():
-                    todo.append(imp)
+            if (
+                imp.split(".")[0] in ("controller", "escalation")
+                and (ROOT / (imp.replace(".", "/") + ".py")).exists()
+                or (ROOT / imp.replace(".", "/") / "__init__.py").exists()
+            ):
+                todo.append(imp)
     return seen
 
 

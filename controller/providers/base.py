@@ -1,8 +1,8 @@
 """The provider interface and its error family.
 
-    ProviderError
-     ├── TemporaryProviderError   retry later (429, 5xx, timeouts)
-     └── PermanentProviderError   do not retry (bad request, offer gone, auth)
+ProviderError
+ ├── TemporaryProviderError   retry later (429, 5xx, timeouts)
+ └── PermanentProviderError   do not retry (bad request, offer gone, auth)
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def _skewed(fraction: float, cheapness: float) -> float:
     `1 - (1 - f) ** (2c)`: `f` at the middle price, about `2f` at the cheapest, 0 at the
     dearest; 0 and 1 stay exact (a fraction of 1.0 still makes every machine bad).
     """
-    return 1.0 - (1.0 - fraction) ** (2.0 * cheapness)
+    return float(1.0 - (1.0 - fraction) ** (2.0 * cheapness))
 
 
 def _draw_machine(index: int, config: SimConfig, rng: random.Random) -> Machine:

@@ -221,7 +221,7 @@ class World:
         inst = lifecycle.new_instance(instance_id, label, machine, now, self.config, self._rng)
         self._instances[instance_id] = inst
         self.counters.instances_launched += 1
-        log.info("sim: launched %s (%r) on %s at %.0f", instance_id, label, machine.machine_id, now)
+        log.debug("sim: launched %s (%r) on %s at %.0f", instance_id, label, machine.machine_id, now)
         return instance_id
 
     def destroy(self, instance_id: str, now: float) -> None:
@@ -232,7 +232,7 @@ class World:
         self.counters.close_billing(machine.dph, machine.num_gpus, inst.billed_s(now))
         self.counters.instances_destroyed += 1
         del self._instances[instance_id]
-        log.info("sim: destroyed instance %s at %.0f", instance_id, now)
+        log.debug("sim: destroyed instance %s at %.0f", instance_id, now)
 
     def reboot(self, instance_id: str, now: float) -> None:
         """Restart the container (see lifecycle.reboot)."""
