@@ -221,7 +221,9 @@ class World:
         inst = lifecycle.new_instance(instance_id, label, machine, now, self.config, self._rng)
         self._instances[instance_id] = inst
         self.counters.instances_launched += 1
-        log.debug("sim: launched %s (%r) on %s at %.0f", instance_id, label, machine.machine_id, now)
+        log.debug(
+            "sim: launched %s (%r) on %s at %.0f", instance_id, label, machine.machine_id, now
+        )
         return instance_id
 
     def destroy(self, instance_id: str, now: float) -> None:
