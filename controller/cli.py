@@ -9,6 +9,7 @@ fleetgate [--config FILE] [--state DIR] COMMAND
   actions [--json] [--all]     what the controller did (and, with --all, decided not to do)
   escalations list|show|approve|deny
   status [--json]
+  bench sim [--ticks N] [--seed S]   time whole ticks on the simulator
   pause | resume
 """
 
@@ -94,6 +95,12 @@ def _parser() -> argparse.ArgumentParser:
             )
     st = sub.add_parser("status", help="fleet, queue, last tick, pending escalations")
     st.add_argument("--json", action="store_true")
+    bench = sub.add_parser("bench", help="measure the controller (prints numbers)")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="WHAT")
+    bsim = bench_sub.add_parser("sim", help="whole ticks on the simulator")
+    bsim.add_argument("--ticks", type=int, default=400)
+    bsim.add_argument("--seed", type=int, default=7)
+    bsim.add_argument("--json", action="store_true")
     sub.add_parser("pause", help="stop acting (decisions are still made and recorded)")
     sub.add_parser("resume", help="act again")
     return p
@@ -148,6 +155,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     state = state_dir(config, args.state)
     if args.command == "check":
         return commands.check(args, config)
+    if args.command == "bench":
+        from controller.bench import bench_sim, render
+
+        result = bench_sim(config, args.ticks, args.seed)
+        _emit(result) if args.json else print(render(result))
+        return 0
     if args.command == "test-rules":
         return commands.test_rules(args.paths or [str(p / "tests") for p in rules_paths(config)])
     app = build(config, state, config_path=args.config, seed=getattr(args, "seed", None))

@@ -198,9 +198,15 @@ class Controller:
         }
         self.journal.finish_tick(tick_id, now, summary)
         if tick_id % 10 == 0:
-            log.info("[%s] tick %d: %s instance(s), %s task(s) pending, $%s/h, %d escalation(s) "
-                     "pending", _clock(now), tick_id, summary["instances"], summary["pending"],
-                     summary["spend_per_h"], len(self.journal.escalations(status="pending")))
+            log.info(
+                "[%s] tick %d: %s instance(s), %s task(s) pending, $%s/h, %d escalation(s) pending",
+                _clock(now),
+                tick_id,
+                summary["instances"],
+                summary["pending"],
+                summary["spend_per_h"],
+                len(self.journal.escalations(status="pending")),
+            )
         if self.after_tick:
             self.after_tick()
         return planned
@@ -209,9 +215,7 @@ class Controller:
         self, planned: Planned, tick_id: int, facts: dict[str, dict[str, Any]]
     ) -> dict[str, int]:
         counts: dict[str, int] = {}
-        effective = {
-            d.proposal.target for d in planned.plan.decisions if d.verdict not in _QUIET
-        }
+        effective = {d.proposal.target for d in planned.plan.decisions if d.verdict not in _QUIET}
         for d in planned.plan.decisions:
             counts[d.verdict] = counts.get(d.verdict, 0) + 1
             if not _worth_recording(d, effective):

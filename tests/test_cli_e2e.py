@@ -22,7 +22,9 @@ def fg(*args: str, check: bool = True, **kw: Any) -> subprocess.CompletedProcess
     out = subprocess.run([*FLEETGATE, *args], cwd=ROOT, capture_output=True, text=True,
                          timeout=300, **kw)  # fmt: skip
     if check:
-        assert out.returncode == 0, f"fleetgate {' '.join(args)} exited {out.returncode}:\n{out.stderr[-2000:]}"
+        assert out.returncode == 0, (
+            f"fleetgate {' '.join(args)} exited {out.returncode}:\n{out.stderr[-2000:]}"
+        )
     return out
 
 
@@ -69,7 +71,9 @@ def test_400_ticks_do_the_routine_work_by_rules(run400: tuple[Path, Path]) -> No
     assert all(r["why"] and r["proposer"] for r in rows)
 
 
-def test_400_ticks_escalate_the_unknown_status_and_nothing_routine(run400: tuple[Path, Path]) -> None:
+def test_400_ticks_escalate_the_unknown_status_and_nothing_routine(
+    run400: tuple[Path, Path],
+) -> None:
     esc = escalations(*run400)
     unmatched = [e for e in esc if e["kind"] == "unmatched"]
     assert unmatched and all(e["situation"]["key"]["status"] == "frozen" for e in unmatched)
@@ -85,8 +89,10 @@ def test_400_ticks_escalate_the_unknown_status_and_nothing_routine(run400: tuple
 def test_explain_shows_rules_and_plan_and_changes_nothing(run400: tuple[Path, Path]) -> None:
     cfg, state = run400
     db = sqlite3.connect(state / "journal.db")
-    count = "SELECT (SELECT COUNT(*) FROM actions), (SELECT COUNT(*) FROM ticks), " \
-            "(SELECT COUNT(*) FROM escalations), (SELECT value FROM kv WHERE key='sim.state')"
+    count = (
+        "SELECT (SELECT COUNT(*) FROM actions), (SELECT COUNT(*) FROM ticks), "
+        "(SELECT COUNT(*) FROM escalations), (SELECT value FROM kv WHERE key='sim.state')"
+    )
     before = db.execute(count).fetchone()
     text = fg("--config", str(cfg), "--state", str(state), "explain").stdout
     assert "matching rules:" in text and "plan:" in text and "would escalate:" in text
@@ -121,13 +127,44 @@ def test_a_human_approval_runs_through_the_guards_on_the_next_tick(tmp_path: Pat
     assert pending, "no escalation to answer"
     esc = pending[0]
     inst = esc["subject"].split(":")[1]
-    bad = fg("--config", str(cfg), "--state", str(state), "escalations", "approve", str(esc["id"]),
-             "--action", "scale_to", "--param", "count=-3", check=False)
+    bad = fg(
+        "--config",
+        str(cfg),
+        "--state",
+        str(state),
+        "escalations",
+        "approve",
+        str(esc["id"]),
+        "--action",
+        "scale_to",
+        "--param",
+        "count=-3",
+        check=False,
+    )
     assert bad.returncode == 2 and "count" in bad.stderr
-    fg("--config", str(cfg), "--state", str(state), "escalations", "approve", str(esc["id"]),
-       "--action", "replace", "--by", "ana")
-    again = fg("--config", str(cfg), "--state", str(state), "escalations", "deny", str(esc["id"]),
-               check=False)
+    fg(
+        "--config",
+        str(cfg),
+        "--state",
+        str(state),
+        "escalations",
+        "approve",
+        str(esc["id"]),
+        "--action",
+        "replace",
+        "--by",
+        "ana",
+    )
+    again = fg(
+        "--config",
+        str(cfg),
+        "--state",
+        str(state),
+        "escalations",
+        "deny",
+        str(esc["id"]),
+        check=False,
+    )
     assert again.returncode == 2 and "approved" in again.stderr
     fg("--config", str(cfg), "--state", str(state), "tick")
     rows = actions(cfg, state)
@@ -145,8 +182,12 @@ def test_stale_escalations_resolve_and_dedup_holds_while_pending(run400: tuple[P
         by_subject.setdefault(e["subject"], []).append(e)
     for subject, rows in by_subject.items():
         assert sum(1 for e in rows if e["status"] == "pending") <= 1, subject
-    live = {f["id"] for f in json.loads(fg("--config", str(run400[0]), "--state", str(run400[1]),
-                                           "explain", "--json").stdout)["facts"]}
+    live = {
+        f["id"]
+        for f in json.loads(
+            fg("--config", str(run400[0]), "--state", str(run400[1]), "explain", "--json").stdout
+        )["facts"]
+    }
     for e in esc:
         if e["status"] == "pending":
             assert e["subject"].split(":")[1] in live, f"stale pending escalation {e['id']}"
@@ -156,21 +197,34 @@ def test_sigterm_finishes_the_current_tick_and_exits_cleanly(tmp_path: Path) -> 
     cfg = tmp_path / "slow.yaml"
     cfg.write_text("interval_s: 0.5\n")
     state = tmp_path / "s"
-    proc = subprocess.Popen([*FLEETGATE, "--config", str(cfg), "--state", str(state), "run"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*FLEETGATE, "--config", str(cfg), "--state", str(state), "run"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     db_path = state / "journal.db"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        if db_path.exists() and sqlite3.connect(db_path).execute(
-                "SELECT COUNT(*) FROM ticks WHERE finished_at IS NOT NULL").fetchone()[0] >= 2:
+        if (
+            db_path.exists()
+            and sqlite3.connect(db_path)
+            .execute("SELECT COUNT(*) FROM ticks WHERE finished_at IS NOT NULL")
+            .fetchone()[0]
+            >= 2
+        ):
             break
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err[-1000:]
     assert "SIGTERM: finishing the current tick" in err and "stopped after" in err
-    unfinished = sqlite3.connect(db_path).execute(
-        "SELECT COUNT(*) FROM ticks WHERE finished_at IS NULL").fetchone()[0]
+    unfinished = (
+        sqlite3.connect(db_path)
+        .execute("SELECT COUNT(*) FROM ticks WHERE finished_at IS NULL")
+        .fetchone()[0]
+    )
     assert unfinished == 0
 
 
@@ -178,3 +232,9 @@ def test_without_a_config_the_embedded_default_runs(tmp_path: Path) -> None:
     env = dict(os.environ, FLEETGATE_STATE=str(tmp_path / "s"))
     fg("run", "--ticks", "3", env=env)
     assert (tmp_path / "s" / "journal.db").exists()
+
+
+def test_bench_sim_prints_numbers() -> None:
+    doc = json.loads(fg("bench", "sim", "--ticks", "20", "--seed", "3", "--json").stdout)
+    assert doc["ticks"] == 20 and doc["median_ms"] > 0 and doc["max_ms"] >= doc["median_ms"]
+    assert doc["instances_launched"] >= 1
