@@ -74,23 +74,22 @@ def _fact(raw: dict[str, Any], n: int) -> dict[str, Any]:
     return fact
 
 
+def _matches(exp: dict[str, Any], got: dict[str, Any]) -> bool:
+    """An expected proposal matches when every key it names agrees (params as a subset)."""
+    for key, want in exp.items():
+        if key == "params":
+            if not all(got["params"].get(k) == v for k, v in (want or {}).items()):
+                return False
+        elif got.get(key) != want:
+            return False
+    return True
+
+
 def _compare(expected: list[dict[str, Any]], got: list[dict[str, Any]]) -> list[str]:
     problems = []
     left = list(got)
     for exp in expected:
-        hit = next(
-            (
-                g
-                for g in left
-                if all(
-                    (g["params"].get(k) == v for k, v in exp.get("params", {}).items())
-                    if key == "params"
-                    else g.get(key) == exp[key]
-                    for key in exp
-                )
-            ),
-            None,
-        )
+        hit = next((g for g in left if _matches(exp, g)), None)
         if hit is None:
             problems.append(f"expected proposal not made: {exp}")
         else:

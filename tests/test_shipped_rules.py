@@ -37,7 +37,10 @@ def _test_docs() -> dict[Path, dict[str, Any]]:
 
 
 def _fleetgate() -> Path:
-    for candidate in (Path(sys.executable).parent / "fleetgate", ROOT / ".venv" / "bin" / "fleetgate"):
+    for candidate in (
+        Path(sys.executable).parent / "fleetgate",
+        ROOT / ".venv" / "bin" / "fleetgate",
+    ):
         if candidate.is_file():
             return candidate
     pytest.skip("the fleetgate console script is not installed next to this interpreter")
@@ -50,7 +53,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-# ---------------------------------------------------------------- the shipped rules pass their tests
+# ---------------------------------------------------------------- the shipped rules pass
 
 
 def test_every_shipped_rule_test_passes() -> None:
@@ -91,111 +94,237 @@ def test_each_test_file_loads_its_own_rules_file() -> None:
 
 # ---------------------------------------------------------------- the runner can fail
 
-# Each case is wrong in one way; `problems` are substrings its report must contain.
-WRONG: list[dict[str, Any]] = [
-    {
-        "name": "wrong action",
-        "facts": [{"kind": "instance", "id": "i1", "daemon": "down"}],
-        "expect": {"proposals": [{"rule": "restart-silently-exited-daemon", "action": "reboot",
-                                  "params": {"instance": "i1"}}]},
-        "problems": ["expected proposal not made: {'rule': 'restart-silently-exited-daemon', "
-                     "'action': 'reboot'", "unexpected proposal: {'rule': "
-                     "'restart-silently-exited-daemon', 'action': 'restart_daemon', "
-                     "'params': {'instance': 'i1'}}"],
-    },
-    {
-        "name": "wrong rule name",
-        "facts": [{"kind": "instance", "id": "i1", "daemon": "down"}],
-        "expect": {"proposals": [{"rule": "restart-daemon", "action": "restart_daemon"}]},
-        "problems": ["expected proposal not made: {'rule': 'restart-daemon'",
-                     "unexpected proposal: {'rule': 'restart-silently-exited-daemon'"],
-    },
-    {
-        "name": "wrong param: the rendered count",
-        "facts": [{"kind": "demand", "pending": 5, "running": 2}, {"kind": "fleet"}],
-        "expect": {"proposals": [{"rule": "scale-to-proving-backlog", "action": "scale_to",
-                                  "params": {"count": 3}}]},
-        "problems": ["expected proposal not made: {'rule': 'scale-to-proving-backlog', "
-                     "'action': 'scale_to', 'params': {'count': 3}}",
-                     "unexpected proposal: {'rule': 'scale-to-proving-backlog', "
-                     "'action': 'scale_to', 'params': {'count': 4}}"],
-    },
-    {
-        "name": "wrong param: the rendered reason",
-        "facts": [{"kind": "instance", "id": "i1", "daemon": "down", "restarts_1h": 3}],
-        "expect": {"proposals": [{"rule": "replace-crash-looping-instance", "action": "replace",
-                                  "params": {"instance": "i1", "reason": "crash loop"}}]},
-        "problems": ["expected proposal not made", "'reason': 'crash loop'}",
-                     "unexpected proposal", "'crash loop: 3 restarts in the last hour'"],
-    },
-    {
-        "name": "missing expected proposal",
-        "facts": [{"kind": "demand"}, {"kind": "fleet"},
-                  {"kind": "instance", "id": "i1", "idle_for_s": 900.0},
-                  {"kind": "instance", "id": "i2", "idle_for_s": 899.0}],
-        "expect": {"proposals": [
-            {"rule": "scale-down-idle-instance", "action": "destroy", "params": {"instance": "i1"}},
-            {"rule": "scale-down-idle-instance", "action": "destroy", "params": {"instance": "i2"}},
-        ]},
-        "problems": ["expected proposal not made: {'rule': 'scale-down-idle-instance', "
-                     "'action': 'destroy', 'params': {'instance': 'i2'}}"],
-        "count": 1,
-    },
-    {
-        "name": "unexpected extra proposal",
-        "facts": [{"kind": "instance", "id": "i1", "daemon": "down"},
-                  {"kind": "instance", "id": "i2", "daemon": "down"}],
-        "expect": {"proposals": [{"rule": "restart-silently-exited-daemon",
-                                  "params": {"instance": "i1"}}]},
-        "problems": ["unexpected proposal: {'rule': 'restart-silently-exited-daemon', "
-                     "'action': 'restart_daemon', 'params': {'instance': 'i2'}}"],
-        "count": 1,
-    },
-    {
-        "name": "wrong unmatched: a frozen instance expected matched",
-        "facts": [{"kind": "instance", "id": "i1", "status": "frozen"}],
-        "expect": {"proposals": [], "unmatched": []},
-        "problems": ["unmatched facts: expected [], got ['i1']"],
-        "count": 1,
-    },
-    {
-        "name": "wrong unmatched: a healthy instance expected unmatched",
-        "facts": [{"kind": "instance", "id": "i1"}, {"kind": "sensor", "state": "failed"}],
-        "expect": {"proposals": [], "unmatched": ["i1"]},
-        "problems": ["unmatched facts: expected ['i1'], got ['sensor:provider']"],
-        "count": 1,
-    },
+_DOWN = {"kind": "instance", "daemon": "down"}
+_RESTART = {"rule": "restart-silently-exited-daemon", "action": "restart_daemon"}
+
+# Each case is wrong in one way; `problems` are substrings its report must contain, `count` the
+# exact number of problems reported.
+WRONG: list[Any] = [
+    pytest.param(
+        {
+            "name": "wrong action",
+            "facts": [{**_DOWN, "id": "i1"}],
+            "expect": {
+                "proposals": [{**_RESTART, "action": "reboot", "params": {"instance": "i1"}}]
+            },
+            "problems": [
+                "expected proposal not made: {'rule': 'restart-silently-exited-daemon', "
+                "'action': 'reboot'",
+                "unexpected proposal: {'rule': "
+                "'restart-silently-exited-daemon', 'action': 'restart_daemon', "
+                "'params': {'instance': 'i1'}}",
+            ],
+            "count": 2,
+        },
+        id="wrong-action",
+    ),
+    pytest.param(
+        {
+            "name": "wrong rule name",
+            "facts": [{**_DOWN, "id": "i1"}],
+            "expect": {"proposals": [{**_RESTART, "rule": "restart-daemon"}]},
+            "problems": [
+                "expected proposal not made: {'rule': 'restart-daemon'",
+                "unexpected proposal: {'rule': 'restart-silently-exited-daemon'",
+            ],
+            "count": 2,
+        },
+        id="wrong-rule",
+    ),
+    pytest.param(
+        {
+            "name": "wrong param: the instance",
+            "facts": [{**_DOWN, "id": "i1"}],
+            "expect": {"proposals": [{**_RESTART, "params": {"instance": "i2"}}]},
+            "problems": [
+                "expected proposal not made: {'rule': 'restart-silently-exited-daemon', "
+                "'action': 'restart_daemon', 'params': {'instance': 'i2'}}",
+                "unexpected proposal: {'rule': 'restart-silently-exited-daemon', "
+                "'action': 'restart_daemon', 'params': {'instance': 'i1'}}",
+            ],
+            "count": 2,
+        },
+        id="wrong-param-instance",
+    ),
+    pytest.param(
+        {
+            "name": "wrong param: the rendered count",
+            "facts": [{"kind": "demand", "pending": 5, "running": 2}, {"kind": "fleet"}],
+            "expect": {
+                "proposals": [
+                    {
+                        "rule": "scale-to-proving-backlog",
+                        "action": "scale_to",
+                        "params": {"count": 3},
+                    }
+                ]
+            },
+            "problems": [
+                "expected proposal not made: {'rule': 'scale-to-proving-backlog', "
+                "'action': 'scale_to', 'params': {'count': 3}}",
+                "unexpected proposal: {'rule': 'scale-to-proving-backlog', "
+                "'action': 'scale_to', 'params': {'count': 4}}",
+            ],
+            "count": 2,
+        },
+        id="wrong-param-count",
+    ),
+    pytest.param(
+        {
+            "name": "wrong param: the rendered reason",
+            "facts": [{**_DOWN, "id": "i1", "restarts_1h": 3}],
+            "expect": {
+                "proposals": [
+                    {
+                        "rule": "replace-crash-looping-instance",
+                        "action": "replace",
+                        "params": {"instance": "i1", "reason": "crash loop"},
+                    }
+                ]
+            },
+            "problems": [
+                "expected proposal not made",
+                "'reason': 'crash loop'}",
+                "unexpected proposal",
+                "'crash loop: 3 restarts in the last hour'",
+            ],
+            "count": 2,
+        },
+        id="wrong-param-reason",
+    ),
+    pytest.param(
+        {
+            "name": "missing expected proposal",
+            "facts": [
+                {"kind": "demand"},
+                {"kind": "fleet"},
+                {"kind": "instance", "id": "i1", "idle_for_s": 900.0},
+                {"kind": "instance", "id": "i2", "idle_for_s": 899.0},
+            ],
+            "expect": {
+                "proposals": [
+                    {
+                        "rule": "scale-down-idle-instance",
+                        "action": "destroy",
+                        "params": {"instance": "i1"},
+                    },
+                    {
+                        "rule": "scale-down-idle-instance",
+                        "action": "destroy",
+                        "params": {"instance": "i2"},
+                    },
+                ]
+            },
+            "problems": [
+                "expected proposal not made: {'rule': 'scale-down-idle-instance', "
+                "'action': 'destroy', 'params': {'instance': 'i2'}}"
+            ],
+            "count": 1,
+        },
+        id="missing-proposal",
+    ),
+    pytest.param(
+        {
+            "name": "unexpected extra proposal",
+            "facts": [{**_DOWN, "id": "i1"}, {**_DOWN, "id": "i2", "restarts_1h": 3}],
+            "expect": {"proposals": [{**_RESTART, "params": {"instance": "i1"}}]},
+            "problems": [
+                "unexpected proposal: {'rule': 'replace-crash-looping-instance', "
+                "'action': 'replace', 'params': {'instance': 'i2', 'block_host': True, "
+                "'reason': 'crash loop: 3 restarts in the last hour'}}"
+            ],
+            "count": 1,
+        },
+        id="extra-proposal",
+    ),
+    pytest.param(
+        {
+            "name": "unexpected extra proposal of the same rule",
+            "facts": [{**_DOWN, "id": "i1"}, {**_DOWN, "id": "i2"}],
+            "expect": {"proposals": [{**_RESTART, "params": {"instance": "i1"}}]},
+            "problems": [
+                "unexpected proposal: {'rule': 'restart-silently-exited-daemon', "
+                "'action': 'restart_daemon', 'params': {'instance': 'i2'}}"
+            ],
+            "count": 1,
+        },
+        id="extra-proposal-same-rule",
+    ),
+    pytest.param(
+        {
+            "name": "no proposal expected, one made",
+            "facts": [{**_DOWN, "id": "i1"}],
+            "expect": {"proposals": []},
+            "problems": [
+                "unexpected proposal: {'rule': 'restart-silently-exited-daemon', "
+                "'action': 'restart_daemon', 'params': {'instance': 'i1'}}"
+            ],
+            "count": 1,
+        },
+        id="none-expected",
+    ),
+    pytest.param(
+        {
+            "name": "wrong unmatched: a frozen instance expected matched",
+            "facts": [{"kind": "instance", "id": "i1", "status": "frozen"}],
+            "expect": {"proposals": [], "unmatched": []},
+            "problems": ["unmatched facts: expected [], got ['i1']"],
+            "count": 1,
+        },
+        id="unmatched-missing",
+    ),
+    pytest.param(
+        {
+            "name": "wrong unmatched: a healthy instance expected unmatched",
+            "facts": [{"kind": "instance", "id": "i1"}, {"kind": "sensor", "state": "failed"}],
+            "expect": {"proposals": [], "unmatched": ["i1"]},
+            "problems": ["unmatched facts: expected ['i1'], got ['sensor:provider']"],
+            "count": 1,
+        },
+        id="unmatched-wrong",
+    ),
 ]
 
 RIGHT = {
     "name": "a correct case in the same file",
-    "facts": [{"kind": "instance", "id": "i1", "daemon": "down"}],
-    "expect": {"proposals": [{"rule": "restart-silently-exited-daemon", "action": "restart_daemon",
-                              "params": {"instance": "i1"}}], "unmatched": []},
+    "facts": [{**_DOWN, "id": "i1"}],
+    "expect": {"proposals": [{**_RESTART, "params": {"instance": "i1"}}], "unmatched": []},
 }
 
 
-def _write_failing(tmp_path: Path) -> Path:
+def _write_failing(directory: Path) -> Path:
     shipped = [str(f.resolve()) for f in rule_files([RULES])]
-    cases = [{k: v for k, v in c.items() if k not in ("problems", "count")} for c in WRONG]
+    cases = [{k: v for k, v in p.values[0].items() if k not in ("problems", "count")}
+             for p in WRONG]  # fmt: skip
+    path = directory / "wrong_test.yaml"
     doc = {"rule_files": shipped, "tests": [*cases, RIGHT]}
-    path = tmp_path / "wrong_test.yaml"
     path.write_text(json.dumps(doc, indent=2), encoding="utf-8")  # JSON is YAML
     return path
 
 
-def test_runner_reports_each_wrong_expectation(tmp_path: Path) -> None:
-    results = {r.name: r for r in run_files([_write_failing(tmp_path)])}
-    assert set(results) == {c["name"] for c in WRONG} | {RIGHT["name"]}, results
-    assert results[RIGHT["name"]].ok, results[RIGHT["name"]].problems
-    for case in WRONG:
-        result = results[case["name"]]
-        assert not result.ok, f"{case['name']!r} passed but should fail"
-        report = "\n".join(result.problems)
-        for needle in case["problems"]:
-            assert needle in report, f"{case['name']!r}: {needle!r} not in:\n{report}"
-        if "count" in case:
-            assert len(result.problems) == case["count"], report
+@pytest.fixture(scope="module")
+def wrong_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Result]:
+    results = run_files([_write_failing(tmp_path_factory.mktemp("wrong"))])
+    by_name = {r.name: r for r in results}
+    assert len(by_name) == len(results) == len(WRONG) + 1, results
+    return by_name
+
+
+def test_runner_passes_a_correct_case_next_to_wrong_ones(wrong_results: dict[str, Result]) -> None:
+    right = wrong_results[RIGHT["name"]]
+    assert right.ok, right.problems
+
+
+@pytest.mark.parametrize("case", WRONG)
+def test_runner_reports_a_wrong_expectation(
+    case: dict[str, Any], wrong_results: dict[str, Result]
+) -> None:
+    result = wrong_results[case["name"]]
+    assert not result.ok, f"{case['name']!r} passed but should fail"
+    report = "\n".join(result.problems)
+    for needle in case["problems"]:
+        assert needle in report, f"{case['name']!r}: {needle!r} not in:\n{report}"
+    assert len(result.problems) == case["count"], report
 
 
 def test_runner_reports_a_broken_test_file(tmp_path: Path) -> None:
@@ -222,10 +351,14 @@ def test_cli_passes_on_the_shipped_tests() -> None:
 
 def test_cli_fails_on_a_failing_file(tmp_path: Path) -> None:
     path = _write_failing(tmp_path)
+    results = run_files([path])
+    failed = sum(1 for r in results if not r.ok)
+    assert failed >= len([p for p in WRONG if not p.marks]), results
     proc = _cli(str(path))
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert re.search(rf"^1 passed, {len(WRONG)} failed$", proc.stdout, re.MULTILINE), proc.stdout
+    summary = f"{len(results) - failed} passed, {failed} failed"
+    assert re.search(rf"^{summary}$", proc.stdout, re.MULTILINE), proc.stdout
     assert "FAIL" in proc.stdout and "expected proposal not made" in proc.stdout
     both = _cli("rules/tests", str(path))
     assert both.returncode == 1, both.stdout + both.stderr
-    assert re.search(rf"^\d+ passed, {len(WRONG)} failed$", both.stdout, re.MULTILINE)
+    assert re.search(rf"^\d+ passed, {failed} failed$", both.stdout, re.MULTILINE), both.stdout
