@@ -6,7 +6,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -67,6 +67,11 @@ ACTIONS: dict[str, type[_Params]] = {
     "escalate": Reason,
     "hold": Reason,
 }
+
+ActionName = Literal[
+    "launch", "scale_to", "destroy", "replace", "drain", "restart_daemon", "reboot",
+    "block_host", "notify", "escalate", "hold",
+]  # fmt: skip
 
 # Actions that remove capacity or work: held when sensing is in doubt, counted by the destroy cap.
 DESTRUCTIVE = frozenset({"destroy", "replace", "reboot"})

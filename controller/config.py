@@ -14,11 +14,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from controller.settings import Gate, Guards
-from controller.yamlsrc import Located, YamlError, load
+from controller.yamlsrc import Located, LocatedList, YamlError, load
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class SimSection(_Strict):
@@ -70,11 +70,24 @@ def _line_for(doc: Any, loc: tuple[Any, ...]) -> int:
             line = node.line_of(part)
             node = node[part]
         elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            if isinstance(node, LocatedList):
+                line = node.item_lines[part]
             node = node[part]
             line = getattr(node, "line", line)
         else:
             break
     return int(line)
+
+
+def _keys_at(loc: tuple[Any, ...]) -> list[str]:
+    """The keys the model accepts at `loc` (for 'unknown key' messages)."""
+    model: Any = Config
+    for part in loc:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None or not isinstance(field.annotation, type):
+            return []
+        model = field.annotation
+    return sorted(getattr(model, "model_fields", {}))
 
 
 def parse_config(path: str, text: str) -> Config:
@@ -85,15 +98,22 @@ def parse_config(path: str, text: str) -> Config:
     if doc is None:
         doc = Located()
     if not isinstance(doc, dict):
-        raise ConfigError(f"{path}:1: the config must be a mapping of settings")
+        raise ConfigError(
+            f"{path}:{getattr(doc, 'line', 1)}: the config must be a mapping of settings"
+        )
     try:
         return Config.model_validate(doc)
     except ValidationError as exc:
         lines = []
         for err in exc.errors():
             loc = tuple(err["loc"])
+            if loc and loc[-1] == "[key]":
+                loc = loc[:-1]
+                err["msg"] = f"unknown name: {err['msg']}"
             key = ".".join(str(p) for p in loc) or "config"
-            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":
+                msg = f"unknown key (expected one of {', '.join(_keys_at(loc[:-1]))})"
             lines.append(f"{path}:{_line_for(doc, loc)}: {key}: {msg}")
         raise ConfigError("\n".join(lines)) from exc
 
@@ -106,6 +126,8 @@ def load_config(path: str | None) -> Config:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: cannot read: not UTF-8 text ({exc.reason})") from exc
     return parse_config(path, text)
 
 

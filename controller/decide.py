@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from controller import actions
-from controller.actions import DESTRUCTIVE
+from controller.actions import DESTRUCTIVE, ActionName
 from controller.engine_types import MatchLike
 from controller.expr import ExprError
 from controller.model import Decision, Proposal
@@ -206,7 +206,7 @@ def gate(p: Proposal, settings: DecideSettings) -> Decision:
         )
     if g.mode == "observe":
         return Decision(p, "observe", "mode is observe: decided and recorded, not acted on")
-    mode = g.actions.get(p.action, g.mode)
+    mode = g.actions.get(cast(ActionName, p.action), g.mode)
     if mode == "propose":
         return Decision(p, "ask", f"autonomy for {p.action!r} is propose: a human approves")
     return Decision(

@@ -52,6 +52,8 @@ def compile_expr(value: Any) -> Expr:
             _ENV.compile_expression(whole.group(1))
         else:
             ast = _ENV.parse(value)
-    except jinja2.TemplateSyntaxError as exc:
-        raise ExprError(f"bad expression {value!r}: {exc.message}") from exc
-    return Expr(value, frozenset(meta.find_undeclared_variables(ast)))
+            _ENV.from_string(value)  # compiling checks filters and tests too
+        names = frozenset(meta.find_undeclared_variables(ast))
+    except jinja2.TemplateError as exc:
+        raise ExprError(f"bad expression {value!r}: {exc.message or exc}") from exc
+    return Expr(value, names)

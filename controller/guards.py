@@ -11,8 +11,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
+from controller.actions import ActionName
 from controller.decide import Doubt
 from controller.model import Decision
 from controller.settings import Guards
@@ -104,7 +105,7 @@ def _scale_to(d: Decision, ctx: Context, b: _Budget, doubts: list[Doubt]) -> Dec
 
 def _cooldown(d: Decision, ctx: Context) -> Decision | None:
     action = d.effective_action
-    wait = ctx.limits.cooldowns_s.get(action)
+    wait = ctx.limits.cooldowns_s.get(cast(ActionName, action))
     last = ctx.hist.last_acted.get(f"{action}:{d.proposal.target}")
     if wait and last is not None and ctx.now - last < wait:
         return _veto(

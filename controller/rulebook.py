@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import TypeAdapter, ValidationError
 
 from controller import actions
 from controller.compile import definition
@@ -113,8 +116,8 @@ def _check_value(op: str, value: Any, kinds_before: tuple[str, ...]) -> str | No
     if op == "in":
         if not isinstance(value, list) or not value:
             return "operator 'in' expects a non-empty list"
-        if any(isinstance(v, (dict, list)) for v in value):
-            return "operator 'in' expects a list of plain values"
+        if any(_plain(v) for v in value):
+            return "operator 'in' expects a list of plain values (strings, numbers, booleans)"
         return None
     if op == "exists":
         return None if isinstance(value, bool) else "operator 'exists' expects true or false"
@@ -123,21 +126,41 @@ def _check_value(op: str, value: Any, kinds_before: tuple[str, ...]) -> str | No
             return "operator 'matches' expects a regular expression string"
         try:
             re.compile(value)
-        except re.error as exc:
-            return f"bad regular expression {value!r}: {exc}"
+        except (re.error, OverflowError, RecursionError, ValueError) as exc:
+            return f"bad regular expression {value[:60]!r}: {exc}"
         return None
-    if isinstance(value, (dict, list)) or value is None:
-        return f"operator {op!r} expects a number, string or boolean"
-    if op in _NEGATE and not isinstance(value, (int, float)):
+    problem = _plain(value)
+    if problem:
+        return f"operator {op!r} {problem}"
+    if op in _NEGATE and (isinstance(value, bool) or not isinstance(value, (int, float))):
         return f"operator {op!r} expects a number, got {value!r}"
     return None
 
 
+def _plain(value: Any) -> str | None:
+    """Facts hold JSON strings, finite numbers and booleans; anything else never matches."""
+    if isinstance(value, bool | str | int):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"expects a finite number, got {value!r}"
+    return f"expects a number, string or boolean, got {type(value).__name__} {value!r}"
+
+
 def _check_pattern(
-    col: _Collector, kind: str, pattern: Any, line: int, rule: str | None, before: tuple[str, ...]
+    col: _Collector,
+    kind: str,
+    pattern: Any,
+    line: int,
+    rule: str | None,
+    before: tuple[str, ...],
+    kind_line: int | None = None,
 ) -> None:
     if kind not in FIELDS:
-        col.add(line, f"unknown fact kind {kind!r} (expected one of {', '.join(FIELDS)})", rule)
+        col.add(
+            kind_line or line,
+            f"unknown fact kind {kind!r} (expected one of {', '.join(FIELDS)})",
+            rule,
+        )
         return
     if pattern is None:
         return
@@ -152,9 +175,19 @@ def _check_pattern(
                 fline, f"unknown field {fld!r} for {kind} facts (expected one of {known})", rule
             )
             continue
+        if cond is None:
+            col.add(fline, f"field {fld!r} has no value (write a value or a condition)", rule)
+            continue
+        if isinstance(cond, list):
+            col.add(fline, f"field {fld!r}: use 'in: [...]' for a list of values", rule)
+            continue
         if not isinstance(cond, dict):
-            if isinstance(cond, list) or cond is None:
-                col.add(fline, f"field {fld!r}: use 'in: [...]' for a list of values", rule)
+            problem = _plain(cond)
+            if problem:
+                col.add(fline, f"field {fld!r} {problem}", rule)
+            continue
+        if not cond:
+            col.add(fline, f"field {fld!r}: an empty condition (name an operator)", rule)
             continue
         if set(cond) == {"ref"}:
             col.add(
@@ -186,8 +219,14 @@ def _parse_rule(col: _Collector, raw: Any, line: int) -> Rule | None:
     for key in raw:
         if key not in RULE_KEYS:
             col.add(at(key), f"unknown key {key!r} (expected one of {', '.join(RULE_KEYS)})", rname)
-    if not isinstance(name, str) or not _NAME.match(name):
-        col.add(at("name"), "rule needs a 'name' of lowercase letters, digits, '-', '_', '.'")
+    if isinstance(name, str) and len(name) > 63:
+        col.add(at("name"), f"rule name {name[:70]!r} is {len(name)} characters (at most 63)")
+    elif not isinstance(name, str) or not _NAME.match(name):
+        col.add(
+            at("name"),
+            "rule needs a 'name' of lowercase letters, digits, '-', '_', '.' "
+            f"(at most 63 characters), got {name!r}",
+        )
     for key in ("when", "then", "confidence"):
         if key not in raw:
             col.add(line, f"missing required key {key!r}", rname)
@@ -198,7 +237,7 @@ def _parse_rule(col: _Collector, raw: Any, line: int) -> Rule | None:
     before: tuple[str, ...] = ()
     for kind, pattern in (when or {}).items():
         kline = when.line_of(kind) if isinstance(when, Located) else line
-        _check_pattern(col, kind, pattern, _line(pattern, kline), rname, before)
+        _check_pattern(col, kind, pattern, _line(pattern, kline), rname, before, kline)
         before += (kind,)
     confidence = raw.get("confidence", 0.0)
     if "confidence" in raw and (
@@ -211,10 +250,14 @@ def _parse_rule(col: _Collector, raw: Any, line: int) -> Rule | None:
     priority = raw.get("priority", 0)
     if isinstance(priority, bool) or not isinstance(priority, int):
         col.add(at("priority"), f"priority must be an integer, got {priority!r}", rname)
-    params = _parse_then(col, raw.get("then"), at("then"), rname, tuple(when or ()))
+    kinds = tuple(when) if isinstance(when, dict) and when else None
+    params = _parse_then(col, raw.get("then"), at("then"), rname, kinds)
     if len(col.problems) > start or params is None or not isinstance(when, dict):
         return None
     description = raw.get("description", "")
+    if not isinstance(description, str | None):
+        col.add(at("description"), "description must be text", rname)
+        return None
     return Rule(
         name=str(name), description=str(description or "").strip(), when=dict(when),
         action=params[0], params=params[1], confidence=float(confidence), priority=int(priority),
@@ -223,48 +266,67 @@ def _parse_rule(col: _Collector, raw: Any, line: int) -> Rule | None:
 
 
 def _parse_then(
-    col: _Collector, then: Any, line: int, rule: str | None, kinds: tuple[str, ...]
+    col: _Collector, then: Any, line: int, rule: str | None, kinds: tuple[str, ...] | None
 ) -> tuple[str, dict[str, Expr]] | None:
+    """The action and its parameters. `kinds` is None when `when` is broken (its problems are
+    already reported; checking expressions against it would only add noise)."""
     if then is None:
         return None
     if not isinstance(then, dict) or not isinstance(then.get("action"), str):
         col.add(line, "'then' must be a mapping with an 'action'", rule)
         return None
     action = then["action"]
+    aline = then.line_of("action") if isinstance(then, Located) else line
     schema = actions.ACTIONS.get(action)
     if schema is None:
-        col.add(
-            line, f"unknown action {action!r} (expected one of {', '.join(actions.ACTIONS)})", rule
-        )
+        col.add(aline, f"unknown action {action!r} (expected one of {', '.join(actions.ACTIONS)})",
+                rule)  # fmt: skip
         return None
-    allowed = {f.alias or n for n, f in schema.model_fields.items()}
+    fields = {f.alias or n: f for n, f in schema.model_fields.items()}
     params: dict[str, Expr] = {}
     for key, value in then.items():
         if key == "action":
             continue
         kline = then.line_of(key) if isinstance(then, Located) else line
-        if key not in allowed:
-            expected = ", ".join(sorted(allowed)) or "no parameters"
-            col.add(
-                kline, f"action {action!r} has no parameter {key!r} (expected {expected})", rule
-            )
+        problem = _param_problem(action, key, value, fields, kinds)
+        if problem:
+            col.add(kline, problem, rule)
             continue
-        try:
-            expr = compile_expr(value)
-        except ExprError as exc:
-            col.add(kline, str(exc), rule)
-            continue
-        unknown = expr.names - set(kinds) - {"settings", "now"}
-        if unknown:
-            col.add(
-                kline,
-                f"expression uses {', '.join(sorted(unknown))}, which 'when' does not "
-                f"match (available: {', '.join(kinds + ('settings', 'now'))})",
-                rule,
-            )
-            continue
-        params[key] = expr
+        params[key] = compile_expr(value)
+    missing = [k for k, f in fields.items() if f.is_required() and k not in then]
+    if missing:
+        col.add(aline, f"action {action!r} needs {', '.join(missing)}", rule)
     return action, params
+
+
+def _param_problem(
+    action: str, key: str, value: Any, fields: dict[str, Any], kinds: tuple[str, ...] | None
+) -> str | None:
+    if key not in fields:
+        expected = ", ".join(sorted(fields)) or "no parameters"
+        return f"action {action!r} has no parameter {key!r} (expected {expected})"
+    try:
+        expr = compile_expr(value)
+    except ExprError as exc:
+        return str(exc)
+    if not expr.names and (not isinstance(value, str) or "{{" not in value):
+        try:  # a literal: check it against the parameter's type now, not at run time
+            field = fields[key]
+            kind = field.annotation
+            if field.metadata:
+                kind = Annotated[field.annotation, *field.metadata]
+            TypeAdapter(kind).validate_python(value)
+        except ValidationError as exc:
+            return f"action {action!r}: {key}: {exc.errors()[0]['msg']} (got {value!r})"
+    if kinds is None:
+        return None
+    unknown = expr.names - set(kinds) - {"settings", "now"}
+    if unknown:
+        return (
+            f"expression uses {', '.join(sorted(unknown))}, which 'when' does not match "
+            f"(available: {', '.join(kinds + ('settings', 'now'))})"
+        )
+    return None
 
 
 def parse(
@@ -288,7 +350,9 @@ def parse(
             col.add(line, f"unknown top-level key {key!r} (expected one of {', '.join(FILE_KEYS)})")
     normal = _parse_normal(col, doc.get("normal"), doc)
     rules: list[Rule] = []
-    raw_rules = doc.get("rules") or []
+    raw_rules = doc.get("rules", [])
+    if raw_rules is None:
+        raw_rules = []
     if not isinstance(raw_rules, list):
         col.add(doc.line_of("rules") if isinstance(doc, Located) else 1, "'rules' must be a list")
         raw_rules = []
@@ -315,7 +379,10 @@ def _parse_normal(col: _Collector, normal: Any, doc: Any) -> dict[str, list[dict
             _check_pattern(col, kind, pattern, pline, None, ())
             if isinstance(pattern, dict):
                 for fld, cond in pattern.items():
-                    if isinstance(cond, dict) and ("matches" in cond or "ref" in str(cond)):
+                    refs = isinstance(cond, dict) and any(
+                        isinstance(v, dict) and "ref" in v for v in cond.values()
+                    )
+                    if isinstance(cond, dict) and ("matches" in cond or refs):
                         col.add(
                             pline,
                             f"normal pattern for {kind}: field {fld!r} may not use "

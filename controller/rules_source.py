@@ -41,6 +41,12 @@ def read_rulebook(paths: Sequence[Path]) -> Rulebook:
             texts.append((str(f), f.read_text(encoding="utf-8")))
         except OSError as exc:
             problems.append(Problem(str(f), 0, f"cannot read: {exc.strerror}"))
+        except UnicodeDecodeError as exc:
+            problems.append(
+                Problem(
+                    str(f), 0, f"cannot read: not UTF-8 text ({exc.reason} at byte {exc.start})"
+                )
+            )
     if problems:
         raise RulesError(problems)
     return load_texts(texts)

@@ -10,11 +10,19 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from controller.actions import ActionName
+
 Mode = Literal["observe", "propose", "act"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: YAML's `yes` is not a count, "5" is not a number
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+_DEFAULT_COOLDOWNS: dict[ActionName, float] = {
+    "restart_daemon": 120.0, "reboot": 600.0, "drain": 60.0,
+}  # fmt: skip
 
 
 class Guards(_Strict):
@@ -36,8 +44,8 @@ class Guards(_Strict):
     scale_down_delay_after_up_s: float = Field(
         600, ge=0, description="no idle scale-down for this long after a launch"
     )
-    cooldowns_s: dict[str, float] = Field(
-        default_factory=lambda: {"restart_daemon": 120.0, "reboot": 600.0, "drain": 60.0},
+    cooldowns_s: dict[ActionName, float] = Field(
+        default_factory=lambda: _DEFAULT_COOLDOWNS.copy(),
         description="per action: seconds before the same action on the same target again",
     )
     crash_loop_limit: int = Field(
@@ -56,7 +64,7 @@ class Gate(_Strict):
     """How much the controller may do alone."""
 
     mode: Mode = "act"
-    actions: dict[str, Literal["act", "propose"]] = Field(
+    actions: dict[ActionName, Literal["act", "propose"]] = Field(
         default_factory=dict, description="per-action override of the global mode"
     )
     confidence_threshold: float = Field(0.8, ge=0, le=1)

@@ -30,20 +30,24 @@ class _Loader(yaml.SafeLoader):
 
 
 def _mapping(loader: _Loader, node: yaml.MappingNode) -> Located:
-    loader.flatten_mapping(node)
+    own = [k for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"]
+    loader.flatten_mapping(node)  # merged (`<<: *base`) pairs first, then the node's own
     out = Located()
     out.line = node.start_mark.line + 1
     out.key_lines = {}
+    seen_own: set[str] = set()
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=True)
         if not isinstance(key, str):
             key = str(key)
-        if key in out:
-            raise yaml.MarkedYAMLError(
-                "while loading a mapping", node.start_mark, f"duplicate key {key!r}",
-                key_node.start_mark,
-            )  # fmt: skip
-        out[key] = loader.construct_object(value_node, deep=True)
+        if key_node in own:
+            if key in seen_own:
+                raise yaml.MarkedYAMLError(
+                    "while loading a mapping", node.start_mark, f"duplicate key {key!r}",
+                    key_node.start_mark,
+                )  # fmt: skip
+            seen_own.add(key)
+        out[key] = loader.construct_object(value_node, deep=True)  # own keys override merged
         out.key_lines[key] = key_node.start_mark.line + 1
     return out
 
@@ -67,12 +71,29 @@ class YamlError(ValueError):
 
 
 def load(text: str) -> Any:
-    """Parse YAML text; a syntax error becomes YamlError with its line."""
+    """Parse YAML text; any problem becomes a one-line YamlError with its line."""
     try:
         return yaml.load(text, Loader=_Loader)  # noqa: S506 - SafeLoader subclass
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else 1
-        raise YamlError(line, f"invalid YAML: {exc.problem or exc.context}") from exc
+        problem = " ".join(str(exc.problem or exc.context or "").split())
+        unclosed = str(exc.context or "").startswith("while parsing a flow")
+        if unclosed and exc.context_mark and exc.problem_mark and \
+                exc.context_mark.line != exc.problem_mark.line:  # fmt: skip
+            line = exc.context_mark.line + 1
+            problem += f" ({exc.context} that starts here; the problem shows on line "
+            problem += f"{exc.problem_mark.line + 1})"
+        return _raise(line, f"invalid YAML: {problem}", exc)
+    except yaml.reader.ReaderError as exc:
+        line = text[: exc.position].count("\n") + 1
+        what = f"character {chr(exc.character)!r}" if isinstance(exc.character, int) else "byte"
+        return _raise(line, f"invalid YAML: special {what} is not allowed", exc)
+    except RecursionError as exc:
+        return _raise(1, "invalid YAML: nested too deeply", exc)
     except yaml.YAMLError as exc:
-        raise YamlError(1, f"invalid YAML: {exc}") from exc
+        return _raise(1, "invalid YAML: " + " ".join(str(exc).split()), exc)
+
+
+def _raise(line: int, message: str, exc: BaseException) -> Any:
+    raise YamlError(line, message) from exc

@@ -118,11 +118,6 @@ def test_load_config_reads_the_file(tmp_path: Path) -> None:
     assert load_config(str(path)).gate.mode == "observe"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="load_config catches OSError only: a config that is not UTF-8 escapes as "
-    "UnicodeDecodeError (a traceback from every fleetgate command)",
-)
 def test_config_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
     path = tmp_path / "latin1.yaml"
     path.write_bytes("# café\ninterval_s: 1\n".encode("latin-1"))

@@ -151,3 +151,11 @@ def test_a_human_approval_skips_the_gate_but_not_the_guards() -> None:
     out = run([], [], DecideSettings(gate=Gate(mode="propose")), extra=(p,))
     [d] = out.decisions
     assert d.verdict == "act" and "ana" in d.why and "#4" in d.why
+
+
+def test_the_action_name_type_lists_exactly_the_vocabulary() -> None:
+    from typing import get_args
+
+    from controller.actions import ACTIONS, ActionName
+
+    assert get_args(ActionName) == tuple(ACTIONS)

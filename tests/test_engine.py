@@ -52,10 +52,12 @@ def test_each_call_is_a_fresh_session_the_same_facts_fire_again() -> None:
 
 def test_a_cross_fact_reference_compares_against_the_joined_fact() -> None:
     e = engine_of(RULES)
-    assert not any(m.rule == "grow" for m in e.match([fact("demand", pending=2),
-                                                       fact("fleet", active=2)], 1.0))
-    assert any(m.rule == "grow" for m in e.match([fact("demand", pending=3),
-                                                   fact("fleet", active=2)], 1.0))
+    assert not any(
+        m.rule == "grow" for m in e.match([fact("demand", pending=2), fact("fleet", active=2)], 1.0)
+    )
+    assert any(
+        m.rule == "grow" for m in e.match([fact("demand", pending=3), fact("fleet", active=2)], 1.0)
+    )
 
 
 def test_facts_no_rule_wants_and_batches_where_nothing_fires_are_fine() -> None:

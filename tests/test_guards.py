@@ -79,7 +79,9 @@ def test_drain_before_destroy() -> None:
 
 def test_min_instances_and_scale_down_delay_protect_serving_capacity() -> None:
     drained = fact("instance", "i1", tasks_running=0, drained=True)
-    d = one(act("destroy", instance="i1"), ctx(drained, fact("fleet", instances=2), min_instances=2))
+    d = one(
+        act("destroy", instance="i1"), ctx(drained, fact("fleet", instances=2), min_instances=2)
+    )
     assert (d.verdict, d.guard) == ("veto", "min_instances")
     recent = History(launches=(NOW - 100,))
     d = one(act("destroy", instance="i1"), ctx(drained, fact("fleet", instances=5), hist=recent))
@@ -99,10 +101,15 @@ def test_crash_loop_limit_and_cooldowns() -> None:
     d = one(act("restart_daemon", instance="i1"), ctx(looping))
     assert (d.verdict, d.guard) == ("veto", "crash_loop_limit")
     h = History(last_acted={"restart_daemon:instance:i1": NOW - 30})
-    d = one(act("restart_daemon", instance="i1"), ctx(fact("instance", "i1", daemon="down"), hist=h))
+    d = one(
+        act("restart_daemon", instance="i1"), ctx(fact("instance", "i1", daemon="down"), hist=h)
+    )
     assert (d.verdict, d.guard) == ("veto", "cooldown")
     h = History(last_acted={"restart_daemon:instance:i1": NOW - 500})
-    assert one(act("restart_daemon", instance="i1"), ctx(fact("instance", "i1"), hist=h)).verdict == "act"
+    assert (
+        one(act("restart_daemon", instance="i1"), ctx(fact("instance", "i1"), hist=h)).verdict
+        == "act"
+    )
 
 
 def test_pause_and_sensing_failures_hold_fleet_changes() -> None:
@@ -113,7 +120,10 @@ def test_pause_and_sensing_failures_hold_fleet_changes() -> None:
         assert one(d, ctx(failed, fact("instance", "i1"))).guard == "sensing"
     no_demand = fact("sensor", name="demand", state="failed")
     assert one(act("scale_to", count=3), ctx(no_demand)).guard == "sensing"
-    assert one(act("restart_daemon", instance="i1"), ctx(no_demand, fact("instance", "i1"))).verdict == "act"
+    assert (
+        one(act("restart_daemon", instance="i1"), ctx(no_demand, fact("instance", "i1"))).verdict
+        == "act"
+    )
 
 
 def test_replace_once_and_nothing_for_instances_that_are_gone() -> None:

@@ -21,25 +21,69 @@ def test_an_intent_is_durable_before_the_result(j: Journal) -> None:
                    proposer="rule:r", reason="why", confidence=0.9, verdict="act", why="ok",
                    status="intent", key="x")  # fmt: skip
     other = sqlite3.connect(j.path)  # another process would see it
-    assert other.execute("SELECT status FROM actions WHERE id = ?", (aid,)).fetchone() == ("intent",)
+    assert other.execute("SELECT status FROM actions WHERE id = ?", (aid,)).fetchone() == (
+        "intent",
+    )
     assert [r["key"] for r in j.in_flight()] == ["x"]
     j.finish(aid, 11.0, "ok", {"instance": "7"})
     assert j.in_flight() == []
     [row] = j.actions()
     assert row["status"] == "ok" and row["result"] == {"instance": "7"}
     with pytest.raises(sqlite3.IntegrityError):  # a launch label is used once
-        j.record(tick_id=1, now=12.0, action="launch", target="fleet", params={}, proposer="p",
-                 reason="r", confidence=1, verdict="act", why="w", status="intent", key="x")
+        j.record(
+            tick_id=1,
+            now=12.0,
+            action="launch",
+            target="fleet",
+            params={},
+            proposer="p",
+            reason="r",
+            confidence=1,
+            verdict="act",
+            why="w",
+            status="intent",
+            key="x",
+        )
 
 
 def test_history_is_rebuilt_from_what_was_stored(j: Journal) -> None:
     t = Track("1", "m1", 0, "running", 0, "running", 0, "up", 0)
-    j.save_tracks({"1": t}, [Event("1", 50, "death"), Event("1", 60, "restart"),
-                             Event("1", 60, "bench", {"machine_id": "m1", "rate": 33.0})])
-    parent = j.record(tick_id=1, now=70.0, action="launch", target="fleet", params={"count": 1},
-                      proposer="p", reason="r", confidence=1, verdict="act", why="w", status="ok")
-    j.record(tick_id=1, now=70.0, action="launch", target="fleet", params={}, proposer="p",
-             reason="r", confidence=1, verdict="act", why="w", status="ok", key="k", parent_id=parent)
+    j.save_tracks(
+        {"1": t},
+        [
+            Event("1", 50, "death"),
+            Event("1", 60, "restart"),
+            Event("1", 60, "bench", {"machine_id": "m1", "rate": 33.0}),
+        ],
+    )
+    parent = j.record(
+        tick_id=1,
+        now=70.0,
+        action="launch",
+        target="fleet",
+        params={"count": 1},
+        proposer="p",
+        reason="r",
+        confidence=1,
+        verdict="act",
+        why="w",
+        status="ok",
+    )
+    j.record(
+        tick_id=1,
+        now=70.0,
+        action="launch",
+        target="fleet",
+        params={},
+        proposer="p",
+        reason="r",
+        confidence=1,
+        verdict="act",
+        why="w",
+        status="ok",
+        key="k",
+        parent_id=parent,
+    )
     j.block_host("m9", 500.0, "crash loop")
     j.add_replacement("1", "lbl", 80.0, 2000.0, parent)
     h = j.history(100.0)

@@ -19,7 +19,9 @@ def inst(**kw: Any) -> Instance:
     return Instance(**{**base, **kw})
 
 
-def step(hist: History, now: float, *instances: Instance, sensors: Any = OK) -> tuple[History, list[Any]]:
+def step(
+    hist: History, now: float, *instances: Instance, sensors: Any = OK
+) -> tuple[History, list[Any]]:
     tracks, events = advance(hist, Observation(now, tuple(instances), (), sensors), now)
     keep = tuple(e for e in events if e.kind in ("death", "restart"))
     return replace(hist, instances=tracks, events=hist.events + keep), events
