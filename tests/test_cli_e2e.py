@@ -238,3 +238,19 @@ def test_bench_sim_prints_numbers() -> None:
     doc = json.loads(fg("bench", "sim", "--ticks", "20", "--seed", "3", "--json").stdout)
     assert doc["ticks"] == 20 and doc["median_ms"] > 0 and doc["max_ms"] >= doc["median_ms"]
     assert doc["instances_launched"] >= 1
+
+
+def test_the_simulator_can_replay_a_trace(tmp_path: Path) -> None:
+    trace = ROOT / "tests" / "data" / "trace_slice.csv"
+    cfg = tmp_path / "trace.yaml"
+    cfg.write_text(
+        "interval_s: 0.01\n"
+        "sim:\n"
+        f"  world: {{demand: trace, trace_path: '{trace}', trace_time_scale: 0.0005,\n"
+        "          trace_service_scale: 0.001}\n"
+    )
+    state = tmp_path / "s"
+    fg("--config", str(cfg), "--state", str(state), "run", "--ticks", "60", "--seed", "1")
+    st = json.loads(fg("--config", str(cfg), "--state", str(state), "status", "--json").stdout)
+    assert st["sim"]["tasks_arrived"] > 0
+    assert any(r["action"] == "launch" for r in actions(cfg, state))

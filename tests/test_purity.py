@@ -80,3 +80,14 @@ def test_importing_the_core_loads_no_database_http_scheduler_or_rule_engine() ->
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=ROOT)  # fmt: skip
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_only_the_engine_adapter_imports_durable_rules() -> None:
+    importers = []
+    for path in sorted((ROOT / "controller").rglob("*.py")) + sorted(
+        (ROOT / "escalation").rglob("*.py")
+    ):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        if any(i == "durable" or i.startswith("durable.") for i in _imports(module)):
+            importers.append(module)
+    assert importers == ["controller.engine"]
