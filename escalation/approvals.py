@@ -26,15 +26,24 @@ def _pending(journal: Journal, esc_id: int) -> dict[str, Any]:
     return esc
 
 
-def approve(journal: Journal, esc_id: int, *, by: str, now: float, action: str | None = None,
-            params: dict[str, Any] | None = None) -> dict[str, Any]:
+def approve(
+    journal: Journal,
+    esc_id: int,
+    *,
+    by: str,
+    now: float,
+    action: str | None = None,
+    params: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Approve escalation `esc_id`: its first proposal, or `action` with `params`."""
     esc = _pending(journal, esc_id)
     proposals = esc["situation"].get("proposals") or []
     if action is None:
         if not proposals:
-            raise ApprovalError(f"escalation #{esc_id} has no proposed action: name one with "
-                                f"--action (one of {', '.join(actions.ACTIONS)})")
+            raise ApprovalError(
+                f"escalation #{esc_id} has no proposed action: name one with "
+                f"--action (one of {', '.join(actions.ACTIONS)})"
+            )
         action, params = proposals[0]["action"], proposals[0]["params"]
     elif params is None and proposals and proposals[0]["action"] == action:
         params = proposals[0]["params"]

@@ -38,13 +38,26 @@ class Responder(Protocol):
 
 
 def proposal_dict(p: Proposal) -> dict[str, Any]:
-    return {"action": p.action, "params": p.params, "proposer": p.proposer,
-            "confidence": p.confidence, "reason": p.reason}
+    return {
+        "action": p.action,
+        "params": p.params,
+        "proposer": p.proposer,
+        "confidence": p.confidence,
+        "reason": p.reason,
+    }
 
 
 class Escalator:
-    def __init__(self, journal: Journal, notifier: Notifier, *, window_s: float, deadline_s: float,
-                 cli_prefix: str = "fleetgate", responders: Sequence[Responder] = ()) -> None:
+    def __init__(
+        self,
+        journal: Journal,
+        notifier: Notifier,
+        *,
+        window_s: float,
+        deadline_s: float,
+        cli_prefix: str = "fleetgate",
+        responders: Sequence[Responder] = (),
+    ) -> None:
         self.journal = journal
         self.notifier = notifier
         self.window_s = window_s
@@ -52,8 +65,9 @@ class Escalator:
         self.cli_prefix = cli_prefix
         self.responders = list(responders)
 
-    def situation(self, doubt: Doubt, fleet: dict[str, Any], budget: dict[str, Any],
-                  now: float) -> Situation:
+    def situation(
+        self, doubt: Doubt, fleet: dict[str, Any], budget: dict[str, Any], now: float
+    ) -> Situation:
         recent = self.journal.recent_for(doubt.subject, now - 3600)
         return Situation(
             kind=doubt.kind, subject=doubt.subject, summary=doubt.summary,  # type: ignore[arg-type]
@@ -63,16 +77,19 @@ class Escalator:
             allowed_actions=tuple(ACTIONS), default_action=HOLD, created_at=now,
         )  # fmt: skip
 
-    def raise_all(self, doubts: Sequence[Doubt], fleet: dict[str, Any], budget: dict[str, Any],
-                  now: float) -> list[int]:
+    def raise_all(
+        self, doubts: Sequence[Doubt], fleet: dict[str, Any], budget: dict[str, Any], now: float
+    ) -> list[int]:
         """Steps 1-5 for each doubt; returns the ids of the escalations raised (not deduped)."""
         raised = []
         for doubt in doubts:
             s = self.situation(doubt, fleet, budget, now)
             fp = fingerprint(s)
             last = self.journal.last_escalation(fp)
-            if last and (last["status"] == "pending"
-                         or not should_escalate(float(last["created_at"]), now, self.window_s)):
+            if last and (
+                last["status"] == "pending"
+                or not should_escalate(float(last["created_at"]), now, self.window_s)
+            ):
                 continue
             for responder in self.responders:
                 answer = responder.consider(s)
@@ -87,7 +104,9 @@ class Escalator:
             raised.append(esc_id)
         return raised
 
-    def resolve_cleared(self, doubts: Sequence[Doubt], fleet: dict[str, Any], now: float) -> list[int]:
+    def resolve_cleared(
+        self, doubts: Sequence[Doubt], fleet: dict[str, Any], now: float
+    ) -> list[int]:
         """Close pending escalations whose situation no longer holds (nothing left to answer)."""
         current = {fingerprint(self.situation(d, fleet, {}, now)) for d in doubts}
         closed = []
@@ -95,18 +114,26 @@ class Escalator:
             if esc["fingerprint"] in current:
                 continue
             note = {"note": "the situation no longer holds"}
-            if self.journal.answer(int(esc["id"]), status="resolved", by="controller", now=now,
-                                   answer=note):
+            if self.journal.answer(
+                int(esc["id"]), status="resolved", by="controller", now=now, answer=note
+            ):
                 log.info("escalation #%s resolved: %s no longer holds", esc["id"], esc["subject"])
                 closed.append(int(esc["id"]))
         return closed
 
     def how(self, esc_id: int) -> dict[str, str]:
-        return {"approve_cli": f"{self.cli_prefix} escalations approve {esc_id}",
-                "deny_cli": f"{self.cli_prefix} escalations deny {esc_id}"}
+        return {
+            "approve_cli": f"{self.cli_prefix} escalations approve {esc_id}",
+            "deny_cli": f"{self.cli_prefix} escalations deny {esc_id}",
+        }
 
     def _deliver(self, esc_id: int, s: Situation, fp: str, now: float) -> None:
-        esc = dict(to_dict(s), id=esc_id, fingerprint=fp, created_at_iso=iso8601(now),
-                   deadline_iso=iso8601(now + self.deadline_s))
+        esc = dict(
+            to_dict(s),
+            id=esc_id,
+            fingerprint=fp,
+            created_at_iso=iso8601(now),
+            deadline_iso=iso8601(now + self.deadline_s),
+        )
         for d in self.notifier.deliver(esc, self.how(esc_id)):
             self.journal.add_delivery(esc_id, d.channel, now, d.ok, d.detail)
