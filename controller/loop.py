@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from controller import guards
-from controller.act import Actuator
+from controller.act import Actuator, Job
 from controller.decide import Decided, Doubt, decide
 from controller.engine_types import Match
 from controller.facts import build_facts
@@ -58,22 +58,21 @@ class Planned:
 
 def sense(provider: Provider, demand: DemandSensor, now: float) -> Observation:
     """Step 2. Each sensor independently; a failure is recorded, never read as zero."""
-    sensors = []
+    sensors: list[SensorStatus] = []
+    instances = _read("provider", provider.list_instances, sensors)
+    queue = _read("demand", demand.demand, sensors)
+    return Observation(now, tuple(instances), tuple(queue), tuple(sensors))
+
+
+def _read(name: str, read: Callable[[], list[Any]], sensors: list[SensorStatus]) -> list[Any]:
     try:
-        instances = tuple(provider.list_instances())
-        sensors.append(SensorStatus("provider", "ok"))
+        values = read()
     except (ProviderError, SensorError) as exc:
-        instances = ()
-        sensors.append(SensorStatus("provider", "failed", str(exc)[:300]))
-        log.error("sensing: fleet listing failed: %s", exc)
-    try:
-        queue = tuple(demand.demand())
-        sensors.append(SensorStatus("demand", "ok"))
-    except (SensorError, ProviderError) as exc:
-        queue = ()
-        sensors.append(SensorStatus("demand", "failed", str(exc)[:300]))
-        log.error("sensing: demand failed: %s", exc)
-    return Observation(now, instances, queue, tuple(sensors))
+        sensors.append(SensorStatus(name, "failed", str(exc)[:300]))
+        log.error("sensing: %s failed: %s", name, exc)
+        return []
+    sensors.append(SensorStatus(name, "ok"))
+    return values
 
 
 def followups(journal: Journal, obs: Observation, now: float, *, write: bool) -> list[Proposal]:
@@ -222,9 +221,8 @@ class Controller:
                 continue
             action_id = self._record(d, tick_id, planned.now)
             if d.verdict == "act":
-                outcome = self.actuator.execute(
-                    d, action_id, tick_id, planned.history, planned.now, facts
-                )
+                job = Job(d, action_id, tick_id, planned.history, planned.now, facts)
+                outcome = self.actuator.execute(job)
                 log.info("[%s] %s %s → %s%s | %s", _clock(planned.now), d.effective_action,
                          _brief(d.effective_params), outcome.status, _result(outcome.result),
                          _who(d))  # fmt: skip

@@ -9,13 +9,13 @@
 from __future__ import annotations
 
 import logging
-import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from support import EXPECT, cases, read, rel
 
 from controller import cli
 from controller.config import Config, ConfigError, load_config, parse_config
@@ -24,26 +24,6 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "config"
 GOOD = sorted((DATA / "good").glob("*.yaml"))
 BAD = sorted((DATA / "bad").glob("*.yaml"))
-EXPECT = re.compile(r"^# expect: (\d+): (.+)$", re.MULTILINE)
-XFAIL = re.compile(r"^# xfail: (.+)$", re.MULTILINE)
-
-
-def rel(path: Path) -> str:
-    return path.relative_to(ROOT).as_posix()
-
-
-def read(path: Path) -> str:
-    return path.read_text(encoding="utf-8")
-
-
-def cases(paths: Sequence[Path]) -> list[Any]:
-    """One pytest param per data file; `# xfail: REASON` marks a known loader bug."""
-    out = []
-    for path in paths:
-        known_bug = XFAIL.search(read(path))
-        marks = [pytest.mark.xfail(strict=True, reason=known_bug[1])] if known_bug else []
-        out.append(pytest.param(path, id=path.stem, marks=marks))
-    return out
 
 
 def assert_within(written: Any, loaded: Any, where: str = "config") -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
+from support import EXPECT, cases, read, rel
 
 from controller import cli
 from controller.engine import Engine
@@ -33,26 +34,6 @@ SHIPPED = ROOT / "rules"
 GOOD = sorted((DATA / "good").glob("*.yaml"))
 BAD = sorted((DATA / "bad").glob("*.yaml"))
 DUP = sorted((DATA / "bad" / "dup").glob("*.yaml"))
-EXPECT = re.compile(r"^# expect: (\d+): (.+)$", re.MULTILINE)
-XFAIL = re.compile(r"^# xfail: (.+)$", re.MULTILINE)
-
-
-def rel(path: Path) -> str:
-    return path.relative_to(ROOT).as_posix()
-
-
-def read(path: Path) -> str:
-    return path.read_text(encoding="utf-8")
-
-
-def cases(paths: Sequence[Path]) -> list[Any]:
-    """One pytest param per data file; `# xfail: REASON` marks a known loader bug."""
-    out = []
-    for path in paths:
-        known_bug = XFAIL.search(read(path))
-        marks = [pytest.mark.xfail(strict=True, reason=known_bug[1])] if known_bug else []
-        out.append(pytest.param(path, id=path.stem, marks=marks))
-    return out
 
 
 def load_error(files: Sequence[tuple[str, str]]) -> RulesError:
