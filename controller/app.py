@@ -9,20 +9,17 @@ from __future__ import annotations
 
 import logging
 import shlex
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from controller import wiring
 from controller.config import Config, rules_paths
 from controller.journal import Journal
 from controller.loop import Controller
 from controller.rules_source import RulesSource
 from controller.settings import DecideSettings
 from controller.sim import SimConfig, Simulation
-from escalation.channels.base import Channel
-from escalation.channels.console import ConsoleChannel
-from escalation.channels.file import FileChannel
 from escalation.notify import Notifier
 from escalation.render import Renderer
 from escalation.router import Escalator
@@ -42,6 +39,24 @@ class App:
 
     def close(self) -> None:
         self.journal.close()
+
+    def serve_api(self) -> Any | None:
+        """Start the HTTP API when the config names one; returns the server (stop() it)."""
+        if self.config.api is None:
+            return None
+        from controller.api import Server, create_app
+
+        token = wiring.api_token(self.config)
+        assert token is not None
+        app = create_app(self.journal, token, self.controller.clock,
+                         on_answer=self.controller.escalator.closed,
+                         status=lambda: status(self))  # fmt: skip
+        host, _, port = self.config.api.listen.rpartition(":")
+        server = Server(app, host, int(port))
+        server.start()
+        log.info("HTTP API on http://%s:%d (answers: POST /v1/escalations/ID/answer)", host,
+                 server.port)  # fmt: skip
+        return server
 
 
 def decide_settings(config: Config) -> DecideSettings:
@@ -75,17 +90,6 @@ def cli_prefix(config_path: str | None, state: Path) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 
-def channels(config: Config, state: Path) -> list[Channel]:
-    out: list[Channel] = []
-    for name in config.escalation.channels:
-        if name == "console":
-            out.append(ConsoleChannel(sys.stdout))
-        elif name == "file":
-            path = Path(config.escalation.file)
-            out.append(FileChannel(path if path.is_absolute() else state / path))
-    return out
-
-
 def build(
     config: Config,
     state: Path,
@@ -101,10 +105,13 @@ def build(
     renderer = Renderer(config.escalation.templates_dir)
     escalator = Escalator(
         journal,
-        Notifier(channels(config, state), renderer),
+        Notifier(wiring.channels(config, state), renderer),
         window_s=config.escalation.dedup_window_s,
         deadline_s=config.escalation.deadline_s,
         cli_prefix=cli_prefix(config_path, state),
+        gate=config.gate,
+        reader=wiring.llm_client(config, journal, renderer),
+        answer_url=wiring.answer_url(config),
     )
 
     def save() -> None:

@@ -9,6 +9,7 @@ fleetgate [--config FILE] [--state DIR] COMMAND
   actions [--json] [--all]     what the controller did (and, with --all, decided not to do)
   escalations list|show|approve|deny
   status [--json]
+  llm-check [--threshold R]    probe the configured LLM; exit 1 below the threshold
   bench sim [--ticks N] [--seed S]   time whole ticks on the simulator
   pause | resume
 """
@@ -29,6 +30,7 @@ from controller.config import ConfigError, load_config, rules_paths, state_dir
 from controller.rulebook import RulesError
 from controller.rules_source import read_rulebook
 from controller.schedule import Runner
+from controller.secrets import Redactor
 from escalation import approvals
 
 log = logging.getLogger("fleetgate")
@@ -101,6 +103,12 @@ def _parser() -> argparse.ArgumentParser:
     bsim.add_argument("--ticks", type=int, default=400)
     bsim.add_argument("--seed", type=int, default=7)
     bsim.add_argument("--json", action="store_true")
+    check_llm = sub.add_parser("llm-check", help="probe the configured LLM's tool calling")
+    check_llm.add_argument(
+        "--threshold",
+        type=float,
+        help="share of probes that must pass (default: escalation.llm.check_threshold)",
+    )
     sub.add_parser("pause", help="stop acting (decisions are still made and recorded)")
     sub.add_parser("resume", help="act again")
     return p
@@ -125,6 +133,7 @@ def _logging(level: str, fmt: str) -> None:
         if fmt == "json"
         else logging.Formatter("%(asctime)s %(levelname)-7s %(message)s", "%H:%M:%S")
     )
+    handler.addFilter(Redactor())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
@@ -175,6 +184,7 @@ def _with_app(app: App, args: argparse.Namespace) -> int:
 
     cmd = args.command
     if cmd == "run":
+        api = app.serve_api()
         runner = Runner(app.controller.tick, app.config.interval_s, args.ticks)
         log.info(
             "fleetgate running: %s, rules %s, every %.2fs%s",
@@ -183,9 +193,15 @@ def _with_app(app: App, args: argparse.Namespace) -> int:
             app.config.interval_s,
             f", {args.ticks} ticks" if args.ticks else "",
         )
-        done = runner.run()
+        try:
+            done = runner.run()
+        finally:
+            if api is not None:
+                api.stop()
         log.info("stopped after %d tick(s) (%d failed)", done, runner.failed)
         return 0
+    if cmd == "llm-check":
+        return commands.llm_check(app, args.threshold)
     if cmd == "tick":
         app.controller.tick()
         return 0

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from controller import wiring
 from controller.app import App
 from controller.config import Config, ConfigError, load_config, rules_paths
 from controller.loop import Planned
@@ -17,6 +18,7 @@ from controller.rulebook import RulesError
 from controller.rules_source import read_rulebook
 from controller.ruletest import run_files
 from escalation import approvals
+from escalation.render import Renderer
 
 
 def _ts(t: float | None) -> str:
@@ -167,15 +169,19 @@ def escalations(app: App, args: argparse.Namespace, by: str) -> int:
         if esc is None:
             raise approvals.ApprovalError(f"no escalation #{args.id}")
         esc["deliveries"] = j.deliveries(args.id)
+        esc["llm_calls"] = j.llm_calls(args.id)
+        esc["actions"] = j.actions_for_escalation(args.id)
         print(json.dumps(esc, indent=2, sort_keys=True, default=str))
         return 0
     now = app.controller.clock()
     if sub == "deny":
         approvals.deny(j, args.id, by=by, now=now)
+        app.controller.escalator.closed(args.id)
         print(f"escalation #{args.id} denied by {by}")
         return 0
     params = _params(args.param) if args.param else None
     answer = approvals.approve(j, args.id, by=by, now=now, action=args.action, params=params)
+    app.controller.escalator.closed(args.id)
     print(
         f"escalation #{args.id} approved by {by}: {answer['action']} {_brief(answer['params'])} "
         "runs through the guards on the next tick"
@@ -208,3 +214,30 @@ def print_status(st: dict[str, Any]) -> None:
     }
     print(f"demand: {_brief(queue)}")
     print(f"pending escalations: {st['pending_escalations']}")
+
+
+def llm_check(app: App, threshold: float | None) -> int:
+    """Probe the configured LLM with fixed situations; remember the result for require_check."""
+    from escalation.llm_check import check_passes, format_report, run_check
+
+    section = app.config.escalation.llm
+    if section is None:
+        print("no LLM is configured (escalation.llm in the config)", file=sys.stderr)
+        return 2
+    limit = section.check_threshold if threshold is None else threshold
+    renderer = Renderer(app.config.escalation.templates_dir)
+    client = wiring.llm_client(app.config, app.journal, renderer, enforce_check=False)
+    report = run_check(client)
+    print(format_report(report))
+    ok = check_passes(report, limit)
+    app.journal.put(
+        wiring.CHECK_KEY,
+        {
+            "base_url": section.base_url,
+            "model": section.model,
+            "ratio": report.ratio,
+            "at": app.controller.clock(),
+        },
+    )
+    print(f"{'PASS' if ok else 'FAIL'}: {report.ratio:.0%} of probes passed (need {limit:.0%})")
+    return 0 if ok else 1

@@ -8,11 +8,13 @@ directory, the rules shipped in `rules/`, fast simulated time.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from controller.secrets import SecretRef
 from controller.settings import Gate, Guards
 from controller.yamlsrc import Located, LocatedList, YamlError, load
 
@@ -31,12 +33,96 @@ class SimSection(_Strict):
     )
 
 
+class LLMSection(_Strict):
+    """The LLM that reads escalated situations first (any OpenAI-compatible endpoint)."""
+
+    base_url: str = Field(description="e.g. http://127.0.0.1:8000/v1")
+    model: str
+    api_key: SecretRef | None = Field(None, description="{env: NAME} or {file: PATH}")
+    mode: Literal["tools", "json_schema"] = "tools"
+    timeout_s: float = Field(30, gt=0)
+    retries: int = Field(3, ge=0, le=10)
+    max_calls_per_hour: int = Field(20, ge=0)
+    max_tokens_per_day: int = Field(200_000, ge=0)
+    temperature: float = Field(0.0, ge=0, le=2)
+    require_check: bool = Field(
+        False, description="use the LLM only after `fleetgate llm-check` passed for this model"
+    )
+    check_threshold: float = Field(0.8, ge=0, le=1, description="share of probes to pass")
+
+
+class WebhookChannelConfig(_Strict):
+    type: Literal["webhook"]
+    url: SecretRef
+
+
+class SlackChannelConfig(_Strict):
+    type: Literal["slack"]
+    webhook_url: SecretRef
+
+
+class EmailChannelConfig(_Strict):
+    type: Literal["email"]
+    host: str
+    port: int = Field(587, gt=0, lt=65536)
+    security: Literal["starttls", "tls", "none"] = "starttls"
+    username: str | None = None
+    password: SecretRef | None = None
+    sender: str
+    recipients: list[str] = Field(min_length=1)
+
+
+class NtfyChannelConfig(_Strict):
+    type: Literal["ntfy"]
+    url: str = Field(description="the ntfy server, e.g. https://ntfy.example.org")
+    topic: str
+    token: SecretRef | None = None
+    priority: int = Field(4, ge=1, le=5)
+
+
+class PagerDutyChannelConfig(_Strict):
+    type: Literal["pagerduty"]
+    routing_key: SecretRef
+    url: str = "https://events.pagerduty.com/v2/enqueue"
+    severity: Literal["critical", "error", "warning", "info"] = "warning"
+
+
+class AlertmanagerChannelConfig(_Strict):
+    type: Literal["alertmanager"]
+    url: str = Field(description="e.g. http://alertmanager:9093")
+
+
+ChannelConfig = Annotated[
+    WebhookChannelConfig | SlackChannelConfig | EmailChannelConfig | NtfyChannelConfig
+    | PagerDutyChannelConfig | AlertmanagerChannelConfig,
+    Field(discriminator="type"),
+]  # fmt: skip
+
+
+_CHANNELS: dict[str, type[BaseModel]] = {
+    "webhook": WebhookChannelConfig, "slack": SlackChannelConfig, "email": EmailChannelConfig,
+    "ntfy": NtfyChannelConfig, "pagerduty": PagerDutyChannelConfig,
+    "alertmanager": AlertmanagerChannelConfig,
+}  # fmt: skip
+
+
+class ApiSection(_Strict):
+    """The HTTP API (escalation answers over HTTP, ntfy buttons, status)."""
+
+    listen: str = Field("127.0.0.1:8765", pattern=r"^[^:\s]+:\d{1,5}$", description="host:port")
+    token: SecretRef = Field(description="the bearer token answers must carry")
+    public_url: str | None = Field(
+        None, description="how people reach the API (links in messages); default http://listen"
+    )
+
+
 class EscalationSection(_Strict):
     dedup_window_s: float = Field(3600, gt=0, description="the same situation once per window")
     deadline_s: float = Field(1800, gt=0, description="time a human has to answer")
-    channels: list[Literal["console", "file"]] = Field(
+    channels: list[Literal["console", "file"] | ChannelConfig] = Field(
         default_factory=lambda: ["console", "file"]  # type: ignore[arg-type]
     )
+    llm: LLMSection | None = Field(None, description="the LLM reader; none: people only")
     file: str = Field("escalations.jsonl", description="JSONL channel path (relative: state dir)")
     templates_dir: str | None = Field(None, description="folder of templates overriding ours")
 
@@ -56,6 +142,7 @@ class Config(_Strict):
         default_factory=dict, description="values rules read as settings.NAME (merged over ours)"
     )
     escalation: EscalationSection = EscalationSection()
+    api: ApiSection | None = None
 
 
 class ConfigError(ValueError):
@@ -77,6 +164,9 @@ def _line_for(doc: Any, loc: tuple[Any, ...]) -> int:
         else:
             break
     return int(line)
+
+
+_UNION_STEP = re.compile(r"^(literal|tagged-union|function-\w+|union)\[")
 
 
 def _keys_at(loc: tuple[Any, ...]) -> list[str]:
@@ -104,17 +194,29 @@ def parse_config(path: str, text: str) -> Config:
     try:
         return Config.model_validate(doc)
     except ValidationError as exc:
-        lines = []
+        found: dict[tuple[int, str], list[str]] = {}
         for err in exc.errors():
-            loc = tuple(err["loc"])
-            if loc and loc[-1] == "[key]":
-                loc = loc[:-1]
-                err["msg"] = f"unknown name: {err['msg']}"
-            key = ".".join(str(p) for p in loc) or "config"
+            if err["type"] == "literal_error" and isinstance(err.get("input"), dict):
+                continue  # a mapping was meant as a channel, not as "console"/"file"
+            raw = [p for p in err["loc"] if not _UNION_STEP.match(str(p))]
+            loc = tuple(
+                p
+                for i, p in enumerate(raw)
+                if not (p in _CHANNELS and i and isinstance(raw[i - 1], int))
+            )
             msg = err["msg"]
+            if loc and loc[-1] == "[key]":
+                loc, msg = loc[:-1], f"unknown name: {msg}"
             if err["type"] == "extra_forbidden":
-                msg = f"unknown key (expected one of {', '.join(_keys_at(loc[:-1]))})"
-            lines.append(f"{path}:{_line_for(doc, loc)}: {key}: {msg}")
+                tag = next((p for p in raw if p in _CHANNELS), None)
+                keys = _CHANNELS[tag].model_fields if tag else _keys_at(loc[:-1])
+                msg = f"unknown key (expected one of {', '.join(sorted(keys))})"
+            key = ".".join(str(p) for p in loc) or "config"
+            found.setdefault((_line_for(doc, loc), key), []).append(msg)
+        lines = [
+            f"{path}:{line}: {key}: {'; or '.join(dict.fromkeys(msgs))}"
+            for (line, key), msgs in found.items()
+        ]
         raise ConfigError("\n".join(lines)) from exc
 
 

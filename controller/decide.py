@@ -47,6 +47,7 @@ class Doubt:
     facts: tuple[dict[str, Any], ...] = ()
     key: dict[str, Any] = field(default_factory=dict)
     proposals: tuple[Proposal, ...] = ()
+    people_only: bool = False  # skip the LLM (e.g. its own answer was vetoed)
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,14 @@ def gate(p: Proposal, settings: DecideSettings) -> Decision:
     g = settings.gate
     if p.escalation_id is not None and p.proposer.startswith("human:"):
         return Decision(p, "act", f"approved by {p.proposer[6:]} (escalation #{p.escalation_id})")
+    if p.escalation_id is not None and p.proposer.startswith("llm:"):
+        # the LLM's confidence and the action's autonomy were checked when it answered
+        return Decision(
+            p,
+            "act",
+            f"answered by {p.proposer} with confidence {p.confidence:.2f} "
+            f"(escalation #{p.escalation_id})",
+        )
     if p.confidence < g.confidence_threshold:
         return Decision(
             p,

@@ -59,6 +59,15 @@ CREATE TABLE IF NOT EXISTS replacements (
   deadline REAL NOT NULL, state TEXT NOT NULL, action_id INTEGER
 );
 CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS llm_calls (
+  id INTEGER PRIMARY KEY, escalation_id INTEGER, at REAL NOT NULL, model TEXT NOT NULL,
+  prompt_digest TEXT, status TEXT NOT NULL, action TEXT, params TEXT, confidence REAL,
+  rationale TEXT, error TEXT, tokens INTEGER NOT NULL DEFAULT 0, latency_ms REAL,
+  routed TEXT
+);
+CREATE INDEX IF NOT EXISTS llm_calls_at ON llm_calls(at);
+CREATE TABLE IF NOT EXISTS llm_usage (id INTEGER PRIMARY KEY, at REAL NOT NULL, tokens INTEGER);
+CREATE INDEX IF NOT EXISTS llm_usage_at ON llm_usage(at);
 """
 
 HISTORY_WINDOW_S = 3 * 3600
@@ -401,3 +410,58 @@ class Journal:
             replacing=frozenset(r["new_id"] for r in waiting if r["new_id"]),
             retiring=frozenset(r["old_id"] for r in waiting),
         )  # fmt: skip
+
+    # ---- LLM calls (the escalation chain, and the budget) ----------------------------------
+    def add_llm_call(
+        self,
+        *,
+        escalation_id: int | None,
+        now: float,
+        model: str,
+        status: str,
+        prompt_digest: str = "",
+        action: str | None = None,
+        params: dict[str, Any] | None = None,
+        confidence: float | None = None,
+        rationale: str = "",
+        error: str = "",
+        tokens: int = 0,
+        latency_ms: float | None = None,
+        routed: str = "",
+    ) -> int:
+        with self.tx() as db:
+            cur = db.execute(
+                "INSERT INTO llm_calls(escalation_id, at, model, prompt_digest, status, action, "
+                "params, confidence, rationale, error, tokens, latency_ms, routed) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (escalation_id, now, model, prompt_digest, status, action,
+                 _dumps(params) if params is not None else None, confidence, rationale, error,
+                 tokens, latency_ms, routed))  # fmt: skip
+            return int(cur.lastrowid or 0)
+
+    def llm_calls(self, escalation_id: int | None = None) -> list[dict[str, Any]]:
+        where, args = ("WHERE escalation_id = ?", [escalation_id]) if escalation_id else ("", [])
+        rows = self._all(f"SELECT * FROM llm_calls {where} ORDER BY id", args)
+        for r in rows:
+            r["params"] = json.loads(r["params"]) if r["params"] else None
+        return rows
+
+    def add_llm_usage(self, at: float, tokens: int) -> None:
+        with self.tx() as db:
+            db.execute("INSERT INTO llm_usage(at, tokens) VALUES (?, ?)", (at, tokens))
+
+    def llm_usage_since(self, since: float) -> tuple[int, int]:
+        """(calls, tokens) since `since`: every call that reached the endpoint counts."""
+        row = self._one(
+            "SELECT COUNT(*) AS calls, COALESCE(SUM(tokens), 0) AS tokens "
+            "FROM llm_usage WHERE at >= ?",
+            (since,),
+        )
+        return (int(row["calls"]), int(row["tokens"])) if row else (0, 0)
+
+    def actions_for_escalation(self, esc_id: int) -> list[dict[str, Any]]:
+        rows = self._all("SELECT * FROM actions WHERE escalation_id = ? ORDER BY id", (esc_id,))
+        for r in rows:
+            r["params"] = json.loads(r["params"])
+            r["result"] = json.loads(r["result"]) if r["result"] else None
+        return rows

@@ -173,6 +173,8 @@ class Controller:
         now = self.clock()
         tick_id = self.journal.start_tick(now, self.rules.book.digest)
         expired = approvals.expire(self.journal, now)
+        for p in expired:
+            self.escalator.closed(int(p.proposer.split("#")[1]))
         planned = self.plan(now, write=True)
         if expired:
             extra_plan, _ = guards.check(
@@ -182,9 +184,13 @@ class Controller:
             planned = replace(planned, plan=Plan(planned.plan.decisions + tuple(extra_plan)))
         self.journal.save_tracks(planned.tracks, planned.events)
         by_id = {str(f["id"]): f for f in planned.facts}
-        counts = self._carry_out(planned, tick_id, by_id)
+        counts, vetoed_answers = self._carry_out(planned, tick_id, by_id)
         fleet = by_id.get("fleet", {})
-        raised = self.escalator.raise_all(planned.doubts, fleet, self._budget(fleet, planned), now)
+        targets = {str(f["id"]) for f in planned.facts if f["kind"] == "instance"}
+        targets |= {str(f["machine_id"]) for f in planned.facts if f["kind"] == "instance"}
+        doubts = planned.doubts + tuple(vetoed_answers)
+        budget = self._budget(fleet, planned)
+        raised = self.escalator.raise_all(doubts, fleet, budget, now, targets)
         if all(s.state == "ok" for s in planned.observation.sensors):
             self.escalator.resolve_cleared(planned.doubts, fleet, now)
         summary = {
@@ -212,8 +218,10 @@ class Controller:
 
     def _carry_out(
         self, planned: Planned, tick_id: int, facts: dict[str, dict[str, Any]]
-    ) -> dict[str, int]:
+    ) -> tuple[dict[str, int], list[Doubt]]:
+        """Journal and act; also returns the LLM answers the guards refused (for people)."""
         counts: dict[str, int] = {}
+        refused: list[Doubt] = []
         effective = {d.proposal.target for d in planned.plan.decisions if d.verdict not in _QUIET}
         for d in planned.plan.decisions:
             counts[d.verdict] = counts.get(d.verdict, 0) + 1
@@ -232,7 +240,10 @@ class Controller:
             if d.proposal.escalation_id is not None and d.verdict in ("act", "veto", "noop"):
                 status = "void" if d.verdict == "noop" else status
                 self.journal.set_escalation_status(d.proposal.escalation_id, status, action_id)
-        return counts
+                self.escalator.closed(d.proposal.escalation_id)
+                if d.verdict == "veto" and d.proposal.proposer.startswith("llm:"):
+                    refused.append(_refused(d))
+        return counts, refused
 
     def _record(self, d: Decision, tick_id: int, now: float) -> int:
         status = (
@@ -260,6 +271,20 @@ class Controller:
 
 
 _QUIET = ("noop", "superseded")
+
+
+def _refused(d: Decision) -> Doubt:
+    """An LLM answer the guards vetoed: people decide now (the LLM is not asked again)."""
+    p = d.proposal
+    return Doubt(
+        "guard_veto",
+        p.target,
+        f"{p.proposer} answered escalation #{p.escalation_id} "
+        f"with {p.action} {_brief(p.params)}, but the guards refused it: {d.why}",
+        key={"guard": d.guard, "escalation": p.escalation_id},
+        proposals=(p,),
+        people_only=True,
+    )
 
 
 def _worth_recording(d: Decision, effective: set[str]) -> bool:

@@ -80,9 +80,10 @@ def approved_proposals(journal: Journal) -> list[Proposal]:
     for esc in journal.escalations(status="approved"):
         ans = esc["answer"] or {}
         out.append(Proposal(
-            action=ans["action"], params=ans["params"], proposer=f"human:{esc['answered_by']}",
-            reason=f"approved escalation #{esc['id']}: {esc['summary']}", confidence=1.0,
-            priority=1000, escalation_id=int(esc["id"]),
+            action=ans["action"], params=ans["params"], proposer=_proposer(str(esc["answered_by"])),
+            reason=ans.get("reason") or f"approved escalation #{esc['id']}: {esc['summary']}",
+            confidence=float(ans.get("confidence", 1.0)), priority=1000,
+            escalation_id=int(esc["id"]),
         ))  # fmt: skip
     return out
 
@@ -101,3 +102,8 @@ def expire(journal: Journal, now: float) -> list[Proposal]:
                 "before its deadline: default action", confidence=1.0, priority=-1,
             ))  # fmt: skip
     return out
+
+
+def _proposer(answered_by: str) -> str:
+    """`llm:<model>` answers keep their name; anybody else answered as a person."""
+    return answered_by if answered_by.startswith("llm:") else f"human:{answered_by}"

@@ -1,27 +1,35 @@
-"""From doubts to escalations: situation, fingerprint, dedup, journal, responders, channels.
+"""From doubts to escalations: situation, fingerprint, dedup, journal, the LLM, people.
 
-1. build a Situation from each doubt (facts sanitized, recent actions on its subject, the
-   fleet and budget summary, the allowed actions, the default action `hold`);
+For each doubt:
+
+1. build a Situation (facts sanitized, recent actions on its subject, the fleet and budget
+   summary, the allowed actions, the default action `hold`);
 2. skip it while the same fingerprint is pending, or was raised within the dedup window;
 3. journal it (pending, with a deadline);
-4. offer it to the responders in order (the seam for an LLM; none yet): a responder may
-   attach a proposal, which humans then see;
-5. deliver it to every human channel and store each delivery's outcome.
+4. if an LLM reader is configured (and the situation is not one the operator reserved for
+   people), ask it; its answer acts when its confidence is at or above the threshold and its
+   action is on `act` autonomy: the escalation is approved by `llm:<model>` and the action runs
+   through the guards on the next tick; every call, valid or not, is journaled with the
+   prompt's digest;
+5. otherwise deliver it to every human channel, with the LLM's proposal and rationale and why
+   it came to people, and store each delivery's outcome.
 
-`resolve_cleared` closes pending escalations whose situation no longer holds.
+`resolve_cleared` closes pending escalations whose situation no longer holds; `closed` tells
+the channels that keep open alerts (PagerDuty, Alertmanager) that one was answered.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from controller.actions import ACTIONS
 from controller.decide import Doubt
 from controller.journal import Journal
 from controller.model import Proposal
+from controller.settings import Gate
 from escalation.notify import Notifier
 from escalation.render import iso8601
 from escalation.situation import Situation, fingerprint, sanitize_fact, should_escalate, to_dict
@@ -29,22 +37,29 @@ from escalation.situation import Situation, fingerprint, sanitize_fact, should_e
 log = logging.getLogger(__name__)
 
 HOLD = {"action": "hold", "params": {"reason": "no answer before the deadline"}}
+PEOPLE_ONLY = frozenset({"approval"})  # the operator asked a person to approve these
 
 
-class Responder(Protocol):
-    """Reads a situation first and may propose an action (the LLM, in a later release)."""
+class Reader(Protocol):
+    """The LLM client as the router uses it (escalation.llm.LLMClient)."""
 
-    def consider(self, situation: Situation) -> Proposal | None: ...
+    model: str
+
+    def decide(self, situation: Situation, targets: Collection[str]) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Routed:
+    """What the LLM made of a situation: act on `proposal`, or tell people `why`."""
+
+    acted: bool
+    why: str
+    proposal: dict[str, Any] | None = None
 
 
 def proposal_dict(p: Proposal) -> dict[str, Any]:
-    return {
-        "action": p.action,
-        "params": p.params,
-        "proposer": p.proposer,
-        "confidence": p.confidence,
-        "reason": p.reason,
-    }
+    return {"action": p.action, "params": p.params, "proposer": p.proposer,
+            "confidence": p.confidence, "reason": p.reason}  # fmt: skip
 
 
 class Escalator:
@@ -56,14 +71,18 @@ class Escalator:
         window_s: float,
         deadline_s: float,
         cli_prefix: str = "fleetgate",
-        responders: Sequence[Responder] = (),
+        gate: Gate | None = None,
+        reader: Reader | None = None,
+        answer_url: str | None = None,
     ) -> None:
         self.journal = journal
         self.notifier = notifier
         self.window_s = window_s
         self.deadline_s = deadline_s
         self.cli_prefix = cli_prefix
-        self.responders = list(responders)
+        self.gate = gate or Gate()
+        self.reader = reader
+        self.answer_url = answer_url  # the HTTP API's base URL, when it is served
 
     def situation(
         self, doubt: Doubt, fleet: dict[str, Any], budget: dict[str, Any], now: float
@@ -78,7 +97,12 @@ class Escalator:
         )  # fmt: skip
 
     def raise_all(
-        self, doubts: Sequence[Doubt], fleet: dict[str, Any], budget: dict[str, Any], now: float
+        self,
+        doubts: Sequence[Doubt],
+        fleet: dict[str, Any],
+        budget: dict[str, Any],
+        now: float,
+        targets: Collection[str] = (),
     ) -> list[int]:
         """Steps 1-5 for each doubt; returns the ids of the escalations raised (not deduped)."""
         raised = []
@@ -90,23 +114,85 @@ class Escalator:
                 last["status"] == "pending"
                 or not should_escalate(float(last["created_at"]), now, self.window_s)
             ):
-                continue
-            for responder in self.responders:
-                answer = responder.consider(s)
-                if answer is not None:
-                    s = replace(s, proposals=(proposal_dict(answer), *s.proposals))
-                    break
+                continue  # fmt: skip
             esc_id = self.journal.add_escalation(
                 fingerprint=fp, kind=s.kind, subject=s.subject, summary=s.summary, now=now,
                 deadline=now + self.deadline_s, situation=to_dict(s), default_action=HOLD,
             )  # fmt: skip
-            self._deliver(esc_id, s, fp, now)
             raised.append(esc_id)
+            routed = self._read(esc_id, s, doubt, targets, now)
+            if routed.acted and routed.proposal is not None:
+                self.journal.answer(
+                    esc_id,
+                    status="approved",
+                    by=routed.proposal["proposer"],
+                    now=now,
+                    answer=routed.proposal,
+                )
+                log.info("escalation #%d: %s", esc_id, routed.why)
+                continue
+            if routed.proposal is not None:
+                shown = dict(
+                    routed.proposal,
+                    reason=f"{routed.proposal['reason']} — sent to people because {routed.why}",
+                )
+                s = replace(s, proposals=(shown, *s.proposals))
+            self._deliver(esc_id, s, fp, now, routed.why)
         return raised
 
-    def resolve_cleared(
-        self, doubts: Sequence[Doubt], fleet: dict[str, Any], now: float
-    ) -> list[int]:
+    def _read(
+        self, esc_id: int, s: Situation, doubt: Doubt, targets: Collection[str], now: float
+    ) -> Routed:
+        """Step 4: ask the LLM, journal the call, decide whether its answer may act."""
+        if self.reader is None:
+            return Routed(False, "no LLM reader is configured")
+        if s.kind in PEOPLE_ONLY or doubt.people_only:
+            return Routed(False, f"{s.kind} situations go to people")
+        from escalation.llm import LLMError  # the client is optional: import only when used
+
+        model = self.reader.model
+        try:
+            answer = self.reader.decide(s, targets)
+        except LLMError as exc:
+            status = _status_of(exc)
+            self.journal.add_llm_call(escalation_id=esc_id, now=now, model=model, status=status,
+                                      error=str(exc)[:1000], routed="people")  # fmt: skip
+            return Routed(False, f"the LLM gave no usable answer ({status}: {exc})")
+        routed = self._route(answer, model)
+        self.journal.add_llm_call(
+            escalation_id=esc_id, now=now, model=model, status="ok",
+            prompt_digest=answer.prompt_digest, action=answer.action, params=answer.params,
+            confidence=answer.confidence, rationale=answer.rationale, tokens=answer.tokens,
+            latency_ms=round(answer.latency_s * 1000, 1),
+            routed="act" if routed.acted else "people",
+        )  # fmt: skip
+        return routed
+
+    def _route(self, answer: Any, model: str) -> Routed:
+        if answer.action is None:
+            return Routed(False, f"the LLM handed it to people: {answer.rationale}")
+        proposal = {"action": answer.action, "params": answer.params, "proposer": f"llm:{model}",
+                    "confidence": answer.confidence, "reason": answer.rationale}  # fmt: skip
+        g = self.gate
+        if answer.confidence < g.confidence_threshold:
+            return Routed(
+                False,
+                f"the LLM's confidence {answer.confidence:.2f} is below the "
+                f"threshold {g.confidence_threshold:.2f}",
+                proposal,
+            )
+        mode = dict(g.actions).get(answer.action, g.mode)
+        if mode != "act":
+            return Routed(False, f"autonomy for {answer.action!r} is {mode}", proposal)
+        return Routed(
+            True,
+            f"llm:{model} answered {answer.action} with confidence "
+            f"{answer.confidence:.2f}; it runs through the guards",
+            proposal,
+        )
+
+    def resolve_cleared(self, doubts: Sequence[Doubt], fleet: dict[str, Any], now: float
+                        ) -> list[int]:  # fmt: skip
         """Close pending escalations whose situation no longer holds (nothing left to answer)."""
         current = {fingerprint(self.situation(d, fleet, {}, now)) for d in doubts}
         closed = []
@@ -114,26 +200,63 @@ class Escalator:
             if esc["fingerprint"] in current:
                 continue
             note = {"note": "the situation no longer holds"}
-            if self.journal.answer(
-                int(esc["id"]), status="resolved", by="controller", now=now, answer=note
-            ):
+            if self.journal.answer(int(esc["id"]), status="resolved", by="controller", now=now,
+                                   answer=note):  # fmt: skip
                 log.info("escalation #%s resolved: %s no longer holds", esc["id"], esc["subject"])
+                self.closed(int(esc["id"]))
                 closed.append(int(esc["id"]))
         return closed
 
-    def how(self, esc_id: int) -> dict[str, str]:
-        return {
-            "approve_cli": f"{self.cli_prefix} escalations approve {esc_id}",
-            "deny_cli": f"{self.cli_prefix} escalations deny {esc_id}",
-        }
+    def closed(self, esc_id: int) -> None:
+        """An escalation was answered, expired or resolved: end the channels' open alerts."""
+        esc = self.journal.escalation(esc_id)
+        if esc is None:
+            return
+        message = self._esc_dict(esc_id, esc["situation"], esc["fingerprint"], esc["created_at"])
+        for channel in self.notifier.channels:
+            resolve = getattr(channel, "resolve", None)
+            if resolve is None:
+                continue
+            try:
+                resolve(message)
+            except Exception as exc:  # noqa: BLE001 - a broken channel never blocks the others
+                log.error("escalation #%d: %s could not close its alert: %s", esc_id,
+                          getattr(channel, "name", "?"), exc)  # fmt: skip
 
-    def _deliver(self, esc_id: int, s: Situation, fp: str, now: float) -> None:
-        esc = dict(
-            to_dict(s),
+    def how(self, esc_id: int) -> dict[str, str]:
+        how = {"approve_cli": f"{self.cli_prefix} escalations approve {esc_id}",
+               "deny_cli": f"{self.cli_prefix} escalations deny {esc_id}"}  # fmt: skip
+        if self.answer_url:
+            url = f"{self.answer_url.rstrip('/')}/v1/escalations/{esc_id}/answer"
+            how["answer_url"] = url
+            how["approve_http"] = (
+                f"curl -X POST -H 'Authorization: Bearer $FLEETGATE_API_TOKEN' "
+                f'-d \'{{"decision": "approve"}}\' {url}'
+            )
+            how["deny_http"] = (
+                f"curl -X POST -H 'Authorization: Bearer $FLEETGATE_API_TOKEN' "
+                f'-d \'{{"decision": "deny"}}\' {url}'
+            )
+        return how
+
+    def _esc_dict(self, esc_id: int, situation: dict[str, Any], fp: str, created: float
+                  ) -> dict[str, Any]:  # fmt: skip
+        return dict(
+            situation,
             id=esc_id,
             fingerprint=fp,
-            created_at_iso=iso8601(now),
-            deadline_iso=iso8601(now + self.deadline_s),
+            created_at_iso=iso8601(created),
+            deadline_iso=iso8601(created + self.deadline_s),
         )
+
+    def _deliver(self, esc_id: int, s: Situation, fp: str, now: float, why: str) -> None:
+        esc = self._esc_dict(esc_id, to_dict(s), fp, now)
+        esc["routing"] = why
         for d in self.notifier.deliver(esc, self.how(esc_id)):
             self.journal.add_delivery(esc_id, d.channel, now, d.ok, d.detail)
+
+
+def _status_of(exc: Exception) -> str:
+    name = type(exc).__name__
+    return {"LLMUnavailable": "unavailable", "LLMBudgetExceeded": "budget",
+            "LLMInvalidAnswer": "invalid"}.get(name, "error")  # fmt: skip

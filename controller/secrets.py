@@ -1,0 +1,80 @@
+"""Secrets named in the config: `{env: NAME}` or `{file: PATH}`, never the value itself.
+
+Resolved once at start into `pydantic.SecretStr`, whose repr and str hide the value; a missing
+variable or unreadable file is a config error naming the key and where it looked, never the
+value. `Redactor` scrubs every resolved secret from log records as a last line of defence.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, SecretStr, model_validator
+
+
+class SecretError(ValueError):
+    """A secret could not be resolved."""
+
+
+class SecretRef(BaseModel):
+    """Where a secret lives: an environment variable or a file (first line, stripped)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    env: str | None = None
+    file: str | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> SecretRef:
+        if (self.env is None) == (self.file is None):
+            raise ValueError("name exactly one of env: VARIABLE or file: PATH")
+        return self
+
+    def where(self) -> str:
+        return f"environment variable {self.env}" if self.env else f"file {self.file}"
+
+    def resolve(self, environ: dict[str, str] | None = None) -> SecretStr:
+        env = os.environ if environ is None else environ
+        if self.env is not None:
+            value = env.get(self.env)
+            if not value:
+                raise SecretError(f"environment variable {self.env} is not set")
+            return _remember(value.strip())
+        try:
+            text = Path(str(self.file)).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SecretError(f"cannot read secret file {self.file}: {type(exc).__name__}") from exc
+        value = text.strip().splitlines()[0].strip() if text.strip() else ""
+        if not value:
+            raise SecretError(f"secret file {self.file} is empty")
+        return _remember(value)
+
+
+_KNOWN: set[str] = set()
+
+
+def _remember(value: str) -> SecretStr:
+    if len(value) >= 4:
+        _KNOWN.add(value)
+    return SecretStr(value)
+
+
+def redact(text: str) -> str:
+    for secret in _KNOWN:
+        if secret in text:
+            text = text.replace(secret, "[redacted]")
+    return text
+
+
+class Redactor(logging.Filter):
+    """Replaces any resolved secret in a log record's message with [redacted]."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _KNOWN:
+            message = record.getMessage()
+            clean = redact(message)
+            if clean != message:
+                record.msg, record.args = clean, None
+        return True

@@ -1,0 +1,130 @@
+"""Build the escalation side from the config: secrets, channels, the LLM reader, the API.
+
+Every secret is resolved here, once; a missing one is a ConfigError that names the config key
+and where it looked (never a value).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import SecretStr
+
+from controller.config import Config, ConfigError
+from controller.journal import Journal
+from controller.secrets import SecretError, SecretRef
+from escalation.channels.base import Channel
+from escalation.channels.console import ConsoleChannel
+from escalation.channels.file import FileChannel
+from escalation.render import Renderer
+
+log = logging.getLogger(__name__)
+
+CHECK_KEY = "llm.check"
+
+
+def secret(ref: SecretRef | None, key: str) -> SecretStr | None:
+    if ref is None:
+        return None
+    try:
+        return ref.resolve()
+    except SecretError as exc:
+        raise ConfigError(f"{key}: {exc}") from exc
+
+
+def api_token(config: Config) -> SecretStr | None:
+    return secret(config.api.token, "api.token") if config.api else None
+
+
+def answer_url(config: Config) -> str | None:
+    if config.api is None:
+        return None
+    return config.api.public_url or f"http://{config.api.listen}"
+
+
+def channels(config: Config, state: Path) -> list[Channel]:
+    out: list[Channel] = []
+    for n, spec in enumerate(config.escalation.channels):
+        key = f"escalation.channels.{n}"
+        if spec == "console":
+            out.append(ConsoleChannel(sys.stdout))
+        elif spec == "file":
+            path = Path(config.escalation.file)
+            out.append(FileChannel(path if path.is_absolute() else state / path))
+        else:
+            out.append(_channel(spec, key, config))
+    return out
+
+
+def _channel(spec: Any, key: str, config: Config) -> Channel:
+    """One of the HTTP/SMTP channels (imported only when configured)."""
+    kind = spec.type
+    if kind == "webhook":
+        from escalation.channels.webhook import WebhookChannel
+
+        return WebhookChannel(url=_need(spec.url, f"{key}.url"))
+    if kind == "slack":
+        from escalation.channels.slack import SlackChannel
+
+        return SlackChannel(webhook_url=_need(spec.webhook_url, f"{key}.webhook_url"))
+    if kind == "email":
+        from escalation.channels.email import EmailChannel
+
+        password = secret(spec.password, f"{key}.password")
+        return EmailChannel(host=spec.host, port=spec.port, security=spec.security,
+                            username=spec.username, password=password, sender=spec.sender,
+                            recipients=list(spec.recipients))  # fmt: skip
+    if kind == "ntfy":
+        from escalation.channels.ntfy import NtfyChannel
+
+        return NtfyChannel(url=spec.url, topic=spec.topic, token=secret(spec.token, f"{key}.token"),
+                           priority=spec.priority, answer_token=api_token(config))  # fmt: skip
+    if kind == "pagerduty":
+        from escalation.channels.pagerduty import PagerDutyChannel
+
+        return PagerDutyChannel(routing_key=_need(spec.routing_key, f"{key}.routing_key"),
+                                url=spec.url, severity=spec.severity)  # fmt: skip
+    from escalation.channels.alertmanager import AlertmanagerChannel
+
+    return AlertmanagerChannel(url=spec.url)
+
+
+def _need(ref: SecretRef, key: str) -> SecretStr:
+    value = secret(ref, key)
+    assert value is not None
+    return value
+
+
+def llm_client(
+    config: Config, journal: Journal, renderer: Renderer, *, enforce_check: bool = True
+) -> Any | None:
+    """The LLM reader, or None (people only) when none is configured or its check is due."""
+    section = config.escalation.llm
+    if section is None:
+        return None
+    from escalation.llm import LLMClient, LLMSettings
+    from escalation.usage import JournalUsage
+
+    settings = LLMSettings(
+        base_url=section.base_url, model=section.model,
+        api_key=secret(section.api_key, "escalation.llm.api_key"), mode=section.mode,
+        timeout_s=section.timeout_s, retries=section.retries,
+        max_calls_per_hour=section.max_calls_per_hour,
+        max_tokens_per_day=section.max_tokens_per_day, temperature=section.temperature,
+    )  # fmt: skip
+    client = LLMClient(settings, renderer, JournalUsage(journal))
+    checked = check_passed(journal, section.base_url, section.model, section.check_threshold)
+    if enforce_check and section.require_check and not checked:
+        log.warning("LLM escalation is off until `fleetgate llm-check` passes for model %r at %s",
+                    section.model, section.base_url)  # fmt: skip
+        return None
+    return client
+
+
+def check_passed(journal: Journal, base_url: str, model: str, threshold: float) -> bool:
+    last = journal.get(CHECK_KEY) or {}
+    return bool(last.get("base_url") == base_url and last.get("model") == model
+                and float(last.get("ratio", 0)) >= threshold)  # fmt: skip
