@@ -6,7 +6,9 @@
     GET  /v1/status
     GET  /healthz
 
-Every /v1 call needs `Authorization: Bearer <token>` (compared in constant time). An answer is
+Every /v1 call needs `Authorization: Bearer <token>` (compared in constant time). An answer may
+instead carry that escalation's own capability (`answer_capability(token, id)`, an HMAC): what
+message buttons (ntfy) hold, so the API token itself is never put in a message. An answer is
 the same as `fleetgate escalations approve|deny`: it is validated, journaled, and the action
 runs through the guards on the next tick. Served by uvicorn in a background thread.
 """
@@ -24,6 +26,7 @@ import uvicorn
 from fastapi import Depends, FastAPI, Header, HTTPException
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from controller.api_auth import answer_capability
 from controller.journal import Journal
 from escalation import approvals
 
@@ -50,12 +53,23 @@ def create_app(
     app = FastAPI(title="fleetgate", docs_url=None, redoc_url=None, openapi_url=None)
     expected = token.get_secret_value().encode()
 
-    def authorized(authorization: str = Header(default="")) -> None:
+    def _bearer(authorization: str) -> bytes:
         scheme, _, given = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), expected):
-            raise HTTPException(
-                401, "a valid bearer token is required", headers={"WWW-Authenticate": "Bearer"}
-            )
+        return given.encode() if scheme.lower() == "bearer" else b""
+
+    def _deny() -> HTTPException:
+        return HTTPException(401, "a valid bearer token is required",
+                             headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+
+    def authorized(authorization: str = Header(default="")) -> None:
+        if not hmac.compare_digest(_bearer(authorization), expected):
+            raise _deny()
+
+    def may_answer(esc_id: int, authorization: str = Header(default="")) -> None:
+        given = _bearer(authorization)
+        capability = answer_capability(token, esc_id).encode()
+        if not (hmac.compare_digest(given, expected) or hmac.compare_digest(given, capability)):
+            raise _deny()
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
@@ -79,7 +93,7 @@ def create_app(
             raise HTTPException(404, f"no escalation #{esc_id}")
         return esc
 
-    @app.post("/v1/escalations/{esc_id}/answer", dependencies=[Depends(authorized)])
+    @app.post("/v1/escalations/{esc_id}/answer", dependencies=[Depends(may_answer)])
     def answer(esc_id: int, body: Answer) -> dict[str, Any]:
         if journal.escalation(esc_id) is None:
             raise HTTPException(404, f"no escalation #{esc_id}")

@@ -96,3 +96,18 @@ def test_the_token_never_appears_in_responses_or_logs(
     assert TOKEN not in r.text
     post(base, esc, {"decision": "approve", "action": "hold"})
     assert TOKEN not in caplog.text
+
+
+def test_an_escalations_own_capability_answers_it_and_nothing_else(
+    api: tuple[str, Journal, list[int]],
+) -> None:
+    from controller.api_auth import answer_capability
+
+    base, j, _ = api
+    first, second = escalate(j), escalate(j)
+    cap = answer_capability(SecretStr(TOKEN), first)
+    assert TOKEN not in cap
+    assert post(base, second, {"decision": "deny"}, token=cap).status_code == 401
+    headers = {"Authorization": f"Bearer {cap}"}
+    assert requests.get(f"{base}/v1/escalations", headers=headers, timeout=10).status_code == 401
+    assert post(base, first, {"decision": "deny"}, token=cap).status_code == 200
