@@ -1,0 +1,147 @@
+"""Escalation end to end on the simulator: the LLM first, people when it cannot settle it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes.openai_server import FakeOpenAI, RawBody, closed_port_url
+
+from controller.app import App, build
+from controller.config import Config, parse_config
+
+KEY = "sk-test-llm-key-0123456789"
+
+
+def config(base_url: str, extra: str = "") -> Config:
+    text = (
+        "interval_s: 0.01\n"
+        "escalation:\n"
+        f"  llm: {{base_url: '{base_url}', model: fake-model, api_key: {{env: FG_TEST_LLM_KEY}},\n"
+        "        retries: 1, timeout_s: 5}\n"
+        "  deadline_s: 864000\n" + extra
+    )
+    return parse_config("test.yaml", text)
+
+
+@pytest.fixture(autouse=True)
+def llm_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FG_TEST_LLM_KEY", KEY)
+
+
+@pytest.fixture
+def app_factory(tmp_path: Path) -> Iterator[Any]:
+    apps: list[App] = []
+
+    def make(cfg: Config) -> App:
+        app = build(cfg, tmp_path / "state", seed=7)
+        apps.append(app)
+        return app
+
+    yield make
+    for app in apps:
+        app.close()
+
+
+def ticks_until(app: App, done: Any, limit: int = 500) -> int:
+    for n in range(limit):
+        app.controller.tick()
+        if done():
+            return n
+    raise AssertionError(f"condition not reached in {limit} ticks")
+
+
+def unmatched(app: App) -> list[dict[str, Any]]:
+    return [e for e in app.journal.escalations() if e["kind"] == "unmatched"]
+
+
+def test_an_unmatched_status_gets_one_llm_call_whose_answer_runs_through_the_guards(
+    app_factory: Any,
+) -> None:
+    with FakeOpenAI(default="smart") as fake:
+        app = app_factory(config(fake.url))
+        ticks_until(app, lambda: any(e["status"] == "executed" for e in unmatched(app)))
+        for _ in range(60):  # an hour more: the same situation must not be asked about again
+            app.controller.tick()
+        esc = next(e for e in unmatched(app) if e["status"] == "executed")
+        [call] = app.journal.llm_calls(esc["id"])
+        assert call["status"] == "ok" and call["action"] == "replace" and call["routed"] == "act"
+        assert call["prompt_digest"] and call["confidence"] >= 0.8
+        subject = esc["subject"].split(":")[1]
+        assert call["params"]["instance"] == subject
+        acts = [a for a in app.journal.actions_for_escalation(esc["id"]) if a["parent_id"] is None]
+        assert [(a["action"], a["proposer"], a["status"]) for a in acts] == [
+            ("replace", "llm:fake-model", "ok")
+        ]
+        assert "confidence" in acts[0]["why"]
+        # one LLM call per situation (fingerprint), never one per tick
+        fingerprints = [e["fingerprint"] for e in app.journal.escalations()]
+        calls = app.journal.llm_calls()
+        assert len(fake.chat_bodies) == len(calls) == len(fingerprints)
+        assert len(set(fingerprints)) == len(fingerprints)
+        # the key went to the endpoint as a bearer header, never into the prompt
+        assert fake.requests[-1].headers.get("Authorization") == f"Bearer {KEY}"
+        assert KEY not in json.dumps(fake.chat_bodies)
+
+
+def test_garbage_from_the_llm_goes_to_people_whose_approval_runs_next_tick(
+    app_factory: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    with FakeOpenAI(default="never_tools") as fake:
+        fake.script(RawBody("{not json"))
+        app = app_factory(config(fake.url))
+        ticks_until(app, lambda: bool(unmatched(app)))
+        esc = unmatched(app)[0]
+        assert esc["status"] == "pending"
+        [call] = app.journal.llm_calls(esc["id"])
+        assert call["status"] in ("invalid", "unavailable") and call["routed"] == "people"
+        out = capsys.readouterr().out
+        assert f"ESCALATION #{esc['id']}" in out and "Why you:" in out
+        lines = (tmp_path / "state" / "escalations.jsonl").read_text().splitlines()
+        assert any(json.loads(line)["id"] == esc["id"] for line in lines)
+        from escalation import approvals
+
+        approvals.approve(app.journal, esc["id"], by="ana", now=app.controller.clock(),
+                          action="replace")  # fmt: skip
+        app.controller.tick()
+        acts = [a for a in app.journal.actions_for_escalation(esc["id"]) if a["parent_id"] is None]
+        assert [(a["action"], a["proposer"], a["status"]) for a in acts] == [
+            ("replace", "human:ana", "ok")
+        ]
+        chain = app.journal.escalation(esc["id"])
+        assert (
+            chain and chain["status"] == "executed" and chain["executed_action_id"] == acts[0]["id"]
+        )
+
+
+def test_an_endpoint_that_is_down_means_people_not_silence(
+    app_factory: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    app = app_factory(config(closed_port_url()))
+    ticks_until(app, lambda: bool(unmatched(app)))
+    esc = unmatched(app)[0]
+    [call] = app.journal.llm_calls(esc["id"])
+    assert call["status"] == "unavailable" and call["routed"] == "people"
+    assert f"ESCALATION #{esc['id']}" in capsys.readouterr().out
+    assert app.journal.deliveries(esc["id"])
+
+
+def test_an_llm_answer_the_guards_refuse_goes_to_people(
+    app_factory: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with FakeOpenAI(default="smart") as fake:
+        app = app_factory(config(fake.url))
+        ticks_until(app, lambda: any(e["status"] == "approved" for e in unmatched(app)))
+        esc = next(e for e in unmatched(app) if e["status"] == "approved")
+        app.journal.put("paused", True)  # now the guards refuse every fleet change
+        capsys.readouterr()
+        app.controller.tick()
+        after = app.journal.escalation(esc["id"])
+        assert after and after["status"] == "vetoed"
+        refused = [e for e in app.journal.escalations() if e["kind"] == "guard_veto"]
+        assert refused and "llm:fake-model" in refused[-1]["summary"]
+        assert not app.journal.llm_calls(refused[-1]["id"])  # people decide, not the LLM again
+        assert f"ESCALATION #{refused[-1]['id']}" in capsys.readouterr().out
