@@ -226,7 +226,12 @@ def llm_check(app: App, threshold: float | None) -> int:
         return 2
     limit = section.check_threshold if threshold is None else threshold
     renderer = Renderer(app.config.escalation.templates_dir)
-    client = wiring.llm_client(app.config, app.journal, renderer, enforce_check=False)
+    from escalation.llm import MemoryUsage
+
+    client = wiring.llm_client(
+        app.config, app.journal, renderer, enforce_check=False, usage=MemoryUsage()
+    )  # the probes spend no service budget
+    assert client is not None
     report = run_check(client)
     print(format_report(report))
     ok = check_passes(report, limit)

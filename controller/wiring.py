@@ -99,9 +99,17 @@ def _need(ref: SecretRef, key: str) -> SecretStr:
 
 
 def llm_client(
-    config: Config, journal: Journal, renderer: Renderer, *, enforce_check: bool = True
+    config: Config,
+    journal: Journal,
+    renderer: Renderer,
+    *,
+    enforce_check: bool = True,
+    usage: Any | None = None,
 ) -> Any | None:
-    """The LLM reader, or None (people only) when none is configured or its check is due."""
+    """The LLM reader, or None (people only) when none is configured or its check is due.
+
+    `usage` defaults to the journal's (the service's budget); `llm-check` passes its own.
+    """
     section = config.escalation.llm
     if section is None:
         return None
@@ -115,7 +123,7 @@ def llm_client(
         max_calls_per_hour=section.max_calls_per_hour,
         max_tokens_per_day=section.max_tokens_per_day, temperature=section.temperature,
     )  # fmt: skip
-    client = LLMClient(settings, renderer, JournalUsage(journal))
+    client = LLMClient(settings, renderer, usage if usage is not None else JournalUsage(journal))
     checked = check_passed(journal, section.base_url, section.model, section.check_threshold)
     if enforce_check and section.require_check and not checked:
         log.warning("LLM escalation is off until `fleetgate llm-check` passes for model %r at %s",

@@ -145,3 +145,51 @@ def test_an_llm_answer_the_guards_refuse_goes_to_people(
         assert refused and "llm:fake-model" in refused[-1]["summary"]
         assert not app.journal.llm_calls(refused[-1]["id"])  # people decide, not the LLM again
         assert f"ESCALATION #{refused[-1]['id']}" in capsys.readouterr().out
+
+
+def _cli(args: list[str], cfg: Path, state: Path) -> Any:
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    cmd = [sys.executable, "-c", "import sys; from controller.cli import main; sys.exit(main())"]
+    env = dict(os.environ, FG_TEST_LLM_KEY=KEY)
+    return subprocess.run([*cmd, "--config", str(cfg), "--state", str(state), *args], cwd=root,
+                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+
+
+def _config_file(tmp_path: Path, url: str, require: bool = False) -> Path:
+    cfg = tmp_path / "llm.yaml"
+    cfg.write_text(
+        "escalation:\n"
+        f"  llm: {{base_url: '{url}', model: fake-model, api_key: {{env: FG_TEST_LLM_KEY}},\n"
+        f"        retries: 0, timeout_s: 5, require_check: {str(require).lower()}}}\n"
+    )
+    return cfg
+
+
+def test_llm_check_passes_against_a_tool_calling_model_and_fails_without_tools(
+    tmp_path: Path,
+) -> None:
+    with FakeOpenAI(default="smart") as good:
+        out = _cli(["llm-check"], _config_file(tmp_path, good.url), tmp_path / "s1")
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "PASS" in out.stdout and "probes passed" in out.stdout
+    with FakeOpenAI(default="never_tools") as bad:
+        out = _cli(["llm-check"], _config_file(tmp_path, bad.url), tmp_path / "s2")
+        assert out.returncode == 1
+        assert "FAIL: 0% of probes passed" in out.stdout and "no tool call" in out.stdout
+
+
+def test_require_check_keeps_the_llm_off_until_a_check_passed(tmp_path: Path) -> None:
+    state = tmp_path / "s"
+    with FakeOpenAI(default="smart") as fake:
+        cfg = _config_file(tmp_path, fake.url, require=True)
+        out = _cli(["tick"], cfg, state)
+        assert "LLM escalation is off until `fleetgate llm-check` passes" in out.stderr
+        assert _cli(["llm-check"], cfg, state).returncode == 0
+        probes = len(fake.chat_bodies)
+        out = _cli(["tick"], cfg, state)
+        assert "LLM escalation is off" not in out.stderr
+        assert len(fake.chat_bodies) >= probes

@@ -1,0 +1,1 @@
+"""Fakes that behave: real local servers speaking the protocols fleetgate talks to."""
