@@ -189,7 +189,5 @@ def test_require_check_keeps_the_llm_off_until_a_check_passed(tmp_path: Path) ->
         out = _cli(["tick"], cfg, state)
         assert "LLM escalation is off until `fleetgate llm-check` passes" in out.stderr
         assert _cli(["llm-check"], cfg, state).returncode == 0
-        probes = len(fake.chat_bodies)
         out = _cli(["tick"], cfg, state)
-        assert "LLM escalation is off" not in out.stderr
-        assert len(fake.chat_bodies) >= probes
+        assert out.returncode == 0 and "LLM escalation is off" not in out.stderr

@@ -33,7 +33,15 @@ class Delivery:
 
 
 class Channel(Protocol):
-    """Something that delivers a rendered escalation to people."""
+    """Something that delivers a rendered escalation to people.
+
+    Optional: `resolve(esc: dict[str, Any]) -> None`, called when an escalation is answered or
+    expires, for channels whose far end keeps an open item (a PagerDuty incident, an
+    Alertmanager alert) that should end then. `esc` holds at least id, fingerprint, kind and
+    subject (a journal row will do); failures raise ChannelError. Channels without it are
+    skipped. It is not a protocol member, so channels without it still fit the protocol: call
+    it as `getattr(channel, "resolve", None)`.
+    """
 
     name: str
 
