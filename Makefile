@@ -18,7 +18,19 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/fleetgate run
 
-test: $(STAMP)
+# The Alertmanager integration test runs Debian's prometheus-alertmanager.
+ALERTMANAGER := /usr/bin/prometheus-alertmanager
+
+$(ALERTMANAGER):
+	@if [ "$$(id -u)" = 0 ]; then \
+		(apt-get install -y -qq prometheus-alertmanager >/dev/null 2>&1 \
+		 || (apt-get update -qq && apt-get install -y -qq prometheus-alertmanager)) >/dev/null; \
+	else \
+		echo "the tests need prometheus-alertmanager: sudo apt-get install prometheus-alertmanager"; \
+		exit 1; \
+	fi
+
+test: $(STAMP) $(ALERTMANAGER)
 	$(BIN)/pytest
 
 lint: $(STAMP)

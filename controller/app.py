@@ -112,7 +112,6 @@ def build(
         gate=config.gate,
         reader=wiring.llm_client(config, journal, renderer),
         answer_url=wiring.answer_url(config),
-        answer_token=wiring.api_token(config),
     )
 
     def save() -> None:

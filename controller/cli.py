@@ -138,6 +138,7 @@ def _logging(level: str, fmt: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    logging.getLogger("urllib3").setLevel(logging.WARNING)  # it logs request URLs (secrets)
 
 
 def _emit(obj: Any) -> None:

@@ -25,10 +25,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from pydantic import SecretStr
-
 from controller.actions import ACTIONS
-from controller.api_auth import answer_capability
 from controller.decide import Doubt
 from controller.journal import Journal
 from controller.model import Proposal
@@ -77,7 +74,6 @@ class Escalator:
         gate: Gate | None = None,
         reader: Reader | None = None,
         answer_url: str | None = None,
-        answer_token: SecretStr | None = None,
     ) -> None:
         self.journal = journal
         self.notifier = notifier
@@ -87,7 +83,6 @@ class Escalator:
         self.gate = gate or Gate()
         self.reader = reader
         self.answer_url = answer_url  # the HTTP API's base URL, when it is served
-        self.answer_token = answer_token  # to mint per-escalation answer capabilities
 
     def situation(
         self, doubt: Doubt, fleet: dict[str, Any], budget: dict[str, Any], now: float
@@ -242,8 +237,7 @@ class Escalator:
                 f"curl -X POST -H 'Authorization: Bearer $FLEETGATE_API_TOKEN' "
                 f'-d \'{{"decision": "deny"}}\' {url}'
             )
-            if self.answer_token is not None:  # for message buttons: answers this one only
-                how["answer_bearer"] = answer_capability(self.answer_token, esc_id)
+
         return how
 
     def _esc_dict(self, esc_id: int, situation: dict[str, Any], fp: str, created: float

@@ -1,0 +1,182 @@
+"""The email channel: one plain-text message per escalation over SMTP (smtplib).
+
+The text comes from email.txt.j2: a `Subject: ` line (email_subject.txt.j2, `[fleetgate] #ID
+KIND SUBJECT: SUMMARY`, capped), an empty line, then the body (message.txt.j2). Text without
+the Subject line (the Notifier's built-in text when a template failed) is sent whole, under a
+subject built here, so people still hear.
+
+security: "tls" connects with TLS (SMTPS, usually port 465); "starttls" connects in plain and
+must upgrade (usually 587; a server that does not offer STARTTLS is an error, never a silent
+downgrade); "none" sends in plain (a local relay).
+
+Retried (the whole transaction, `retries` times, waiting backoff_s, 2*backoff_s, ...):
+connection errors, timeouts, a dropped connection and transient 4xx replies. Any 5xx reply, a
+TLS failure or a refused login is a ChannelError at once. The password never appears in a log
+line or an error. Must NOT render, retry for long or queue mail: a relay's job.
+"""
+
+from __future__ import annotations
+
+import logging
+import smtplib
+import ssl
+import time
+from collections.abc import Callable, Sequence
+from email.header import Header
+from email.message import Message
+from email.mime.text import MIMEText
+from email.utils import formatdate, make_msgid
+from typing import Any, Literal
+
+from pydantic import SecretStr
+
+from escalation.channels.base import ChannelError
+from escalation.channels.http import scrub
+
+log = logging.getLogger(__name__)
+
+Security = Literal["starttls", "tls", "none"]
+MAX_SUBJECT = 200
+
+
+class _Transient(Exception):
+    """A failure worth one more try (wraps the reason, already described)."""
+
+
+def split_text(text: str, esc: dict[str, Any]) -> tuple[str, str]:
+    """(subject, body) from the rendered email.txt.j2, or a built subject and the whole text."""
+    first, _, rest = text.partition("\n")
+    if first.startswith("Subject:"):
+        subject, body = first[len("Subject:") :], rest.removeprefix("\n")
+    else:
+        subject = f"[fleetgate] #{esc.get('id')} {esc.get('kind')} {esc.get('subject')}"
+        body = text
+    return " ".join(subject.split())[:MAX_SUBJECT], body
+
+
+class EmailChannel:
+    """Sends each escalation from `sender` to `recipients` through the SMTP server host:port."""
+
+    template = "email.txt.j2"
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        security: Security,
+        username: str | None,
+        password: SecretStr | None,
+        sender: str,
+        recipients: Sequence[str],
+        timeout_s: float = 10.0,
+        *,
+        retries: int = 2,
+        backoff_s: float = 1.0,
+        ssl_context: ssl.SSLContext | None = None,
+        name: str = "email",
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if security not in ("starttls", "tls", "none"):
+            raise ValueError(f"email security must be starttls, tls or none, got {security!r}")
+        if not recipients:
+            raise ValueError("email needs at least one recipient")
+        if retries < 0 or backoff_s < 0 or timeout_s <= 0:
+            raise ValueError("email timeout_s must be > 0, retries and backoff_s >= 0")
+        if (username is None) != (password is None):
+            raise ValueError("email username and password go together: give both or neither")
+        self.name = name
+        self.host, self.port, self.security = host, port, security
+        self.username, self._password = username, password
+        self.sender, self.recipients = sender, list(recipients)
+        self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
+        self._context = ssl_context
+        self._sleep = sleep
+
+    def __repr__(self) -> str:
+        return f"EmailChannel(name={self.name!r}, host={self.host!r}, port={self.port!r})"
+
+    def send(self, esc: dict[str, Any], text: str) -> None:
+        where = f"channel {self.name!r}: escalation {esc.get('id')!r}: SMTP {self.host}:{self.port}"
+        message = self.message(esc, text)
+        for attempt in range(self.retries + 1):
+            try:
+                self._transaction(message, where)
+                return
+            except _Transient as exc:
+                problem = self._scrub(str(exc))
+            if attempt < self.retries:
+                delay = self.backoff_s * 2.0**attempt
+                log.warning("%s: %s; retry %d of %d in %gs", where, problem, attempt + 1,
+                            self.retries, delay)  # fmt: skip
+                self._sleep(delay)
+        raise ChannelError(f"{where}: {problem} (gave up after {self.retries + 1} attempts)")
+
+    def message(self, esc: dict[str, Any], text: str) -> Message:
+        """The email for `esc`: subject and body from `text`, our headers.
+
+        Built with the compat32 classes (MIMEText, Header): the newer EmailMessage folds long
+        non-ASCII subjects wrongly (it splits words across encoded words, so readers see
+        "lin e"); Header encodes whole words.
+        """
+        subject, body = split_text(text, esc)
+        msg = MIMEText(body, "plain", "utf-8")
+        msg["Subject"] = (
+            subject
+            if subject.isascii()
+            else Header(subject, "utf-8", header_name="Subject").encode()
+        )
+        msg["From"] = self.sender
+        msg["To"] = ", ".join(self.recipients)
+        msg["Date"] = formatdate(usegmt=True)
+        msg["Message-ID"] = make_msgid("fleetgate", self.sender.rpartition("@")[2] or None)
+        msg["X-Fleetgate-Escalation"] = str(esc.get("id"))
+        return msg
+
+    def _transaction(self, message: Message, where: str) -> None:
+        """One connection: TLS, login, send. _Transient to retry; ChannelError to give up."""
+        try:
+            with self._connect() as smtp:
+                if self.security == "starttls":
+                    smtp.starttls(context=self._ssl_context())
+                if self.username is not None and self._password is not None:
+                    smtp.login(self.username, self._password.get_secret_value())
+                refused = smtp.send_message(message, self.sender, self.recipients)
+        except smtplib.SMTPRecipientsRefused as exc:
+            reasons = {to: _reply(code, msg) for to, (code, msg) in exc.recipients.items()}
+            if all(400 <= code < 500 for code, _ in exc.recipients.values()):
+                raise _Transient(f"every recipient refused: {reasons}") from exc
+            raise ChannelError(self._scrub(f"{where}: every recipient refused: {reasons}")) from exc
+        except smtplib.SMTPResponseException as exc:
+            problem = _reply(exc.smtp_code, exc.smtp_error)
+            if 400 <= exc.smtp_code < 500:
+                raise _Transient(problem) from exc
+            raise ChannelError(self._scrub(f"{where}: {problem}")) from exc
+        except smtplib.SMTPServerDisconnected as exc:
+            raise _Transient(f"disconnected: {exc}") from exc
+        except smtplib.SMTPException as exc:  # STARTTLS or AUTH not offered, no usable AUTH
+            raise ChannelError(self._scrub(f"{where}: {type(exc).__name__}: {exc}")) from exc
+        except ssl.SSLError as exc:
+            raise ChannelError(f"{where}: TLS failed: {exc}") from exc
+        except OSError as exc:  # refused, unreachable, timed out
+            raise _Transient(f"cannot connect: {type(exc).__name__}: {exc}") from exc
+        if refused:
+            reasons = {to: _reply(code, msg) for to, (code, msg) in refused.items()}
+            raise ChannelError(f"{where}: sent, but refused for {reasons}")
+
+    def _connect(self) -> smtplib.SMTP:
+        if self.security == "tls":
+            return smtplib.SMTP_SSL(
+                self.host, self.port, timeout=self.timeout_s, context=self._ssl_context()
+            )
+        return smtplib.SMTP(self.host, self.port, timeout=self.timeout_s)
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        return self._context or ssl.create_default_context()
+
+    def _scrub(self, text: str) -> str:
+        return scrub(text, [self._password.get_secret_value()] if self._password else [])
+
+
+def _reply(code: int, msg: bytes | str) -> str:
+    text = msg.decode("utf-8", errors="replace") if isinstance(msg, bytes) else str(msg)
+    return f"{code} {' '.join(text.split())}"

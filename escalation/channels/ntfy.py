@@ -1,0 +1,118 @@
+"""The ntfy channel: a push notification to phones, with Approve and Deny buttons.
+
+One JSON publish to the server's root URL with the topic, the title, message and tags that
+ntfy.json.j2 renders, the priority, and, when the controller's HTTP API is configured
+(how.answer_url) and its token was given as `answer_token`, two `http` action buttons that POST
+{"decision": "approve"} or {"decision": "deny"} to the answer URL with
+`Authorization: Bearer <that escalation's answer capability>`. Without both there are no
+buttons; the message still carries the CLI commands.
+
+The buttons never hold the API token itself: they hold `controller.api.answer_capability`
+(token, escalation id), an HMAC that can answer that one escalation and nothing else. It still
+travels inside the notification (ntfy keeps it in its cache, and every subscriber of the topic
+can read it and so answer that escalation): give ntfy a topic with access control. The access
+token, the answer token and capability, and the topic never appear in a log line or an error.
+Must NOT retry beyond escalation.channels.http.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import SecretStr
+
+from controller.api_auth import answer_capability
+from escalation.channels.http import HttpClient, rendered_object, require
+
+MAX_MESSAGE_BYTES = 4000  # ntfy turns a message over 4096 bytes into an attachment, or refuses it
+_CUT = "\n… (cut; the full message is in the other channels)"
+
+
+def cap_bytes(text: str, limit: int) -> str:
+    """`text` cut to at most `limit` UTF-8 bytes (never inside a character), marked if cut."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text
+    room = limit - len(_CUT.encode("utf-8"))
+    return data[:room].decode("utf-8", errors="ignore") + _CUT
+
+
+class NtfyChannel:
+    """Publishes each escalation to `topic` on the ntfy server at `url`."""
+
+    template = "ntfy.json.j2"
+
+    def __init__(
+        self,
+        url: str,
+        topic: str,
+        token: SecretStr | None = None,
+        priority: int = 4,
+        *,
+        answer_token: SecretStr | None = None,
+        name: str = "ntfy",
+        http: HttpClient | None = None,
+    ) -> None:
+        if not 1 <= priority <= 5:
+            raise ValueError(f"ntfy priority must be 1 (min) to 5 (max), got {priority!r}")
+        if not topic:
+            raise ValueError("ntfy topic must not be empty")
+        self.name = name
+        self.url = url
+        self._topic = topic
+        self._token = token
+        self.priority = priority
+        self._answer_token = answer_token
+        self._http = http or HttpClient()
+
+    def __repr__(self) -> str:
+        return f"NtfyChannel(name={self.name!r}, priority={self.priority!r})"
+
+    def send(self, esc: dict[str, Any], text: str) -> None:
+        what = f"channel {self.name!r}: escalation {esc.get('id')!r}"
+        parts = rendered_object(text, what=what, template=self.template)
+        require(
+            parts,
+            {"title": str, "message": str, "tags": list, "answer_url": (str, type(None))},
+            what,
+        )
+        payload: dict[str, Any] = {
+            "topic": self._topic,
+            "title": parts["title"],
+            "message": cap_bytes(parts["message"], MAX_MESSAGE_BYTES),
+            "priority": self.priority,
+            "tags": [str(tag) for tag in parts["tags"]],
+        }
+        actions = self._buttons(parts["answer_url"], esc.get("id"))
+        if actions:
+            payload["actions"] = actions
+        headers = (
+            {"Authorization": f"Bearer {self._token.get_secret_value()}"} if self._token else {}
+        )
+        secrets = [self._topic, *self._secret_values(), *_bearers(actions)]
+        self._http.post_json(self.url, payload, headers=headers, what=what, secrets=secrets)
+
+    def _buttons(self, answer_url: str | None, esc_id: Any) -> list[dict[str, Any]]:
+        if not answer_url or self._answer_token is None or not isinstance(esc_id, int):
+            return []
+        auth = f"Bearer {answer_capability(self._answer_token, esc_id)}"
+        return [
+            {
+                "action": "http",
+                "label": label,
+                "url": answer_url,
+                "method": "POST",
+                "headers": {"Authorization": auth, "Content-Type": "application/json"},
+                "body": json.dumps({"decision": decision}),
+                "clear": True,
+            }
+            for label, decision in (("Approve", "approve"), ("Deny", "deny"))
+        ]
+
+    def _secret_values(self) -> list[str]:
+        return [s.get_secret_value() for s in (self._token, self._answer_token) if s is not None]
+
+
+def _bearers(actions: list[dict[str, Any]]) -> list[str]:
+    return [a["headers"]["Authorization"].removeprefix("Bearer ") for a in actions]

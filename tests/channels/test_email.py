@@ -1,0 +1,236 @@
+"""The email channel against a real SMTP server (aiosmtpd) on 127.0.0.1."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from email import message_from_bytes, policy
+from email.message import EmailMessage
+from typing import Any
+
+import pytest
+from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
+from pydantic import SecretStr
+
+from escalation.channels.base import ChannelError
+from escalation.channels.email import MAX_SUBJECT, EmailChannel, Security
+from escalation.render import Renderer
+
+from .helpers import send
+
+USER, PASSWORD = "fleetgate", "sm7p-pa55w0rd"
+
+
+@dataclass
+class Mailbox:
+    """The SMTP server's handler: keeps accepted messages, answers DATA and RCPT as scripted."""
+
+    data_replies: list[str] = field(default_factory=list)
+    refuse: set[str] = field(default_factory=set)
+    messages: list[tuple[Envelope, EmailMessage]] = field(default_factory=list)
+    logins: list[str] = field(default_factory=list)
+
+    async def handle_RCPT(
+        self, server: SMTP, session: Session, envelope: Envelope, address: str, options: Any
+    ) -> str:
+        if address in self.refuse:
+            return "550 5.1.1 no such mailbox"
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
+
+    async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
+        reply = self.data_replies.pop(0) if self.data_replies else "250 OK"
+        if reply.startswith("250"):
+            assert isinstance(envelope.content, bytes)
+            msg = message_from_bytes(envelope.content, policy=policy.default)
+            assert isinstance(msg, EmailMessage)
+            self.messages.append((envelope, msg))
+        return reply
+
+    def authenticate(
+        self, server: SMTP, session: Session, envelope: Envelope, mechanism: str, data: Any
+    ) -> AuthResult:
+        assert isinstance(data, LoginPassword)
+        self.logins.append(data.login.decode())
+        ok = (data.login.decode(), data.password.decode()) == (USER, PASSWORD)
+        return AuthResult(success=ok, handled=False)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def mailbox() -> Iterator[tuple[Mailbox, int]]:
+    box, port = Mailbox(), free_port()
+    server = Controller(
+        box, hostname="127.0.0.1", port=port, authenticator=box.authenticate,
+        auth_require_tls=False,  # AUTH over plain text: fine on 127.0.0.1, in a test
+    )  # fmt: skip
+    server.start()
+    try:
+        yield box, port
+    finally:
+        server.stop()
+
+
+def email(
+    port: int,
+    security: Security = "none",
+    password: str | None = PASSWORD,
+    recipients: tuple[str, ...] = ("ops@example.com", "oncall@example.com"),
+    sleeps: list[float] | None = None,
+) -> EmailChannel:
+    return EmailChannel(
+        "127.0.0.1", port, security, USER if password else None,
+        SecretStr(password) if password else None, "fleetgate@example.com", recipients,
+        timeout_s=5, retries=2, backoff_s=0.5, sleep=(sleeps if sleeps is not None else []).append,
+    )  # fmt: skip
+
+
+def test_the_message_arrives_with_subject_body_and_recipients(
+    mailbox: tuple[Mailbox, int], esc: dict[str, Any], how: dict[str, Any]
+) -> None:
+    box, port = mailbox
+    send(email(port), esc, how)
+    [(envelope, msg)] = box.messages
+    assert box.logins == [USER]
+    assert envelope.mail_from == "fleetgate@example.com"
+    assert envelope.rcpt_tos == ["ops@example.com", "oncall@example.com"]
+    assert msg["Subject"] == (
+        "[fleetgate] #12 unmatched instance:10007: Instance 10007 is frozen and no rule covers it."
+    )
+    assert msg["From"] == "fleetgate@example.com"
+    assert msg["To"] == "ops@example.com, oncall@example.com"
+    assert msg["X-Fleetgate-Escalation"] == "12"
+    assert msg["Message-ID"].endswith("@example.com>")
+    body = msg.get_content().replace("\r\n", "\n")
+    assert body == Renderer().render("message.txt.j2", esc=esc, how=how)
+    assert "Approve:  fleetgate escalations approve 12\n" in body
+    assert "Deny:     fleetgate escalations deny 12\n" in body
+    assert f"Deadline: {esc['deadline_iso']}" in body
+
+
+def test_a_long_or_multiline_summary_makes_a_capped_one_line_subject(
+    mailbox: tuple[Mailbox, int], make_esc: Any, how: dict[str, Any]
+) -> None:
+    box, port = mailbox
+    send(email(port, password=None), make_esc(summary="line one\nline two é " * 40), how)
+    [(_, msg)] = box.messages
+    subject = msg["Subject"]
+    assert subject.startswith("[fleetgate] #12 unmatched instance:10007: line one line two é")
+    assert "\n" not in subject and len(subject) <= MAX_SUBJECT
+    assert box.logins == []  # no username: no login
+
+
+def test_the_notifiers_built_in_text_still_goes_out(
+    mailbox: tuple[Mailbox, int], esc: dict[str, Any]
+) -> None:
+    box, port = mailbox
+    email(port).send(esc, "ESCALATION #12 unmatched ...\n(the message template failed: x)\n")
+    [(_, msg)] = box.messages
+    assert msg["Subject"] == "[fleetgate] #12 unmatched instance:10007"
+    assert msg.get_content().startswith("ESCALATION #12 unmatched ...\n(the message template")
+
+
+def test_a_refused_login_is_a_channel_error_without_the_password(
+    mailbox: tuple[Mailbox, int],
+    esc: dict[str, Any],
+    how: dict[str, Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    box, port = mailbox
+    sleeps: list[float] = []
+    with caplog.at_level(logging.DEBUG), pytest.raises(ChannelError, match=r" 535 ") as caught:
+        send(email(port, password="wr0ng-pa55w0rd", sleeps=sleeps), esc, how)
+    assert str(caught.value).startswith(
+        f"channel 'email': escalation 12: SMTP 127.0.0.1:{port}: 535"
+    )
+    assert sleeps == [] and box.messages == []
+    for text in (str(caught.value), caplog.text, repr(email(port))):
+        assert "pa55w0rd" not in text
+
+
+def test_a_transient_reply_is_retried(
+    mailbox: tuple[Mailbox, int],
+    esc: dict[str, Any],
+    how: dict[str, Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    box, port = mailbox
+    box.data_replies = ["451 4.3.0 try again later"]
+    sleeps: list[float] = []
+    with caplog.at_level(logging.WARNING, logger="escalation"):
+        send(email(port, sleeps=sleeps), esc, how)
+    assert len(box.messages) == 1 and sleeps == [0.5]
+    assert "451 4.3.0 try again later; retry 1 of 2 in 0.5s" in caplog.text
+    assert PASSWORD not in caplog.text
+
+
+def test_transient_replies_to_the_end_give_up(
+    mailbox: tuple[Mailbox, int], esc: dict[str, Any], how: dict[str, Any]
+) -> None:
+    box, port = mailbox
+    box.data_replies = ["421 4.7.0 busy"] * 3
+    sleeps: list[float] = []
+    with pytest.raises(ChannelError, match=r"421 4\.7\.0 busy \(gave up after 3 attempts\)"):
+        send(email(port, sleeps=sleeps), esc, how)
+    assert sleeps == [0.5, 1.0] and box.messages == []
+
+
+def test_a_permanent_reply_is_not_retried(
+    mailbox: tuple[Mailbox, int], esc: dict[str, Any], how: dict[str, Any]
+) -> None:
+    box, port = mailbox
+    box.data_replies = ["554 5.6.0 message refused"]
+    sleeps: list[float] = []
+    with pytest.raises(ChannelError, match=r"554 5\.6\.0 message refused"):
+        send(email(port, sleeps=sleeps), esc, how)
+    assert sleeps == []
+
+
+def test_refused_recipients_are_errors(
+    mailbox: tuple[Mailbox, int], esc: dict[str, Any], how: dict[str, Any]
+) -> None:
+    box, port = mailbox
+    box.refuse = {"oncall@example.com"}
+    with pytest.raises(ChannelError, match=r"sent, but refused for .*oncall@example\.com.*550"):
+        send(email(port), esc, how)
+    assert box.messages[0][0].rcpt_tos == ["ops@example.com"]
+    with pytest.raises(ChannelError, match="every recipient refused"):
+        send(email(port, recipients=("oncall@example.com",)), esc, how)
+
+
+def test_starttls_that_the_server_does_not_offer_is_an_error_not_a_downgrade(
+    mailbox: tuple[Mailbox, int], esc: dict[str, Any], how: dict[str, Any]
+) -> None:
+    box, port = mailbox
+    with pytest.raises(ChannelError, match="STARTTLS extension not supported"):
+        send(email(port, security="starttls"), esc, how)
+    with pytest.raises(ChannelError, match="TLS failed"):
+        send(email(port, security="tls"), esc, how)
+    assert box.messages == [] and box.logins == []
+
+
+def test_a_closed_port_is_a_channel_error_after_retries(
+    esc: dict[str, Any], how: dict[str, Any]
+) -> None:
+    sleeps: list[float] = []
+    with pytest.raises(ChannelError, match=r"cannot connect: ConnectionRefusedError") as caught:
+        send(email(free_port(), sleeps=sleeps), esc, how)
+    assert "gave up after 3 attempts" in str(caught.value) and sleeps == [0.5, 1.0]
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="at least one recipient"):
+        EmailChannel("h", 25, "none", None, None, "a@b", [])
+    with pytest.raises(ValueError, match="username and password go together"):
+        EmailChannel("h", 25, "none", "u", None, "a@b", ["c@d"])
+    with pytest.raises(ValueError, match="starttls, tls or none"):
+        EmailChannel("h", 25, "ssl", None, None, "a@b", ["c@d"])  # type: ignore[arg-type]
