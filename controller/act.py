@@ -15,6 +15,7 @@ from typing import Any
 from controller.journal import Journal
 from controller.model import Decision
 from controller.providers.base import (
+    CreateOutcomeUnknown,
     LaunchRequest,
     Provider,
     ProviderError,
@@ -98,15 +99,19 @@ class Actuator:
     def _launches(self, job: Job, count: int) -> Outcome:
         launched: list[str] = []
         errors: list[str] = []
+        unknown: list[str] = []
         for n in range(count):
             ok, detail = self._launch_one(job, launch_label(job.tick_id, job.action_id, n))
-            (launched if ok else errors).append(detail)
+            {True: launched, False: errors, None: unknown}[ok].append(detail)
             if not ok:
-                break  # an offer market that refused once will likely refuse again this tick
-        status = "ok" if not errors else ("partial" if launched else "failed")
-        return Outcome(status, {"launched": launched, "errors": errors})
+                break  # a market that refused (or did not answer) once will likely do it again
+        status = "ok" if not errors and not unknown else ("partial" if launched else "failed")
+        if unknown and not launched and not errors:
+            status = "unknown"
+        return Outcome(status, {"launched": launched, "errors": errors, "unknown": unknown})
 
-    def _launch_one(self, job: Job, label: str) -> tuple[bool, str]:
+    def _launch_one(self, job: Job, label: str) -> tuple[bool | None, str]:
+        """(True, id) rented; (False, why) refused; (None, why) unknown: looked for later."""
         p = job.decision.proposal
         child = self.journal.record(
             tick_id=job.tick_id, now=job.now, action="launch", target="fleet",
@@ -122,6 +127,10 @@ class Actuator:
         )
         try:
             instance_id = self.provider.launch(request)
+        except CreateOutcomeUnknown as exc:
+            # it may be renting right now: never create again, find it by its label later
+            self.journal.finish(child, job.now, "unknown", {"error": str(exc), "label": label})
+            return None, f"{label}: outcome unknown"
         except ProviderError as exc:
             self.journal.finish(child, job.now, "failed", {"error": str(exc)})
             return False, f"{label}: {exc}"
@@ -144,7 +153,7 @@ class Actuator:
             result["blocked_host"] = machine
         label = launch_label(job.tick_id, job.action_id, 0)
         ok, detail = self._launch_one(job, label)
-        if not ok:
+        if ok is False:
             return Outcome("failed", {**result, "error": detail})
         deadline = job.now + self.limits.replace_deadline_s
         self.journal.add_replacement(old, label, job.now, deadline, job.action_id)

@@ -120,15 +120,22 @@ def unmatched(matches: Sequence[MatchLike], facts: dict[str, dict[str, Any]]) ->
         shown = ", ".join(f"{k}={v}" for k, v in key.items())
         summary = f"{kind} {fact.get('id')} is outside the declared steady state and no rule "
         summary += f"covers it ({shown})" if shown else "covers it"
-        kind_of_doubt = "sensing_failure" if kind == "sensor" else "unmatched"
-        doubts.append(Doubt(kind_of_doubt, subject_of(fact), summary, (fact,), key))
+        if kind == "sensor":
+            summary = (f"sensing failed: {fact.get('name')} is {fact.get('state')} "
+                       f"({fact.get('detail') or 'no detail'}); fleet changes are held until it "
+                       "recovers")  # fmt: skip
+            doubts.append(Doubt("sensing_failure", subject_of(fact), summary, (fact,), key))
+            continue
+        doubts.append(Doubt("unmatched", subject_of(fact), summary, (fact,), key))
     return doubts
 
 
 def weigh(props: list[Proposal], facts: dict[str, dict[str, Any]], gate: Any) -> list[Proposal]:
     """Step 3: lower confidence where the evidence is weak."""
+    # a stale sensor weakens the evidence; a failed one holds fleet changes in the guards and is
+    # escalated once as a sensing failure (lowering confidence too would only add questions)
     sensors_bad = [
-        f for f in facts.values() if f.get("kind") == "sensor" and f.get("state") != "ok"
+        f for f in facts.values() if f.get("kind") == "sensor" and f.get("state") == "stale"
     ]
     fleet = facts.get("fleet", {})
     size = max(int(fleet.get("instances", 0)), 1)

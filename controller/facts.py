@@ -26,6 +26,7 @@ FIELDS: dict[str, frozenset[str]] = {
     "fleet": frozenset(
         {
             "id", "instances", "active", "serving", "booting", "dead", "drained",
+            "pending_launches",
             "spend_per_h", "launches_1h", "pending", "running_tasks",
         }
     ),
@@ -83,7 +84,9 @@ def fleet_fact(obs: Observation, hist: History, now: float) -> dict[str, Any]:
         "kind": "fleet",
         "id": "fleet",
         "instances": len(inst),
-        "active": sum(1 for i in inst if i.id not in hist.retiring and i not in dead),
+        "active": sum(1 for i in inst if i.id not in hist.retiring and i not in dead)
+        + hist.pending_launches,
+        "pending_launches": hist.pending_launches,
         "serving": len(serving),
         "booting": sum(1 for i in inst if i.stage != "running" and i not in dead),
         "dead": len(dead),

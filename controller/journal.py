@@ -465,3 +465,21 @@ class Journal:
             r["params"] = json.loads(r["params"])
             r["result"] = json.loads(r["result"]) if r["result"] else None
         return rows
+
+    # ---- launches not yet confirmed by a listing ---------------------------------------------
+    def recent_launches(self, since: float) -> list[dict[str, Any]]:
+        """Single launches (one row each, keyed by label) since `since`, any outcome but failed."""
+        rows = self._all(
+            "SELECT id, at, status, key, result FROM actions WHERE action = 'launch' AND "
+            "parent_id IS NOT NULL AND status IN ('intent', 'unknown', 'ok') AND at >= ? "
+            "ORDER BY id",
+            (since,),
+        )
+        for r in rows:
+            r["result"] = json.loads(r["result"]) if r["result"] else {}
+        return rows
+
+    def seen_instances(self, since: float) -> set[str]:
+        rows = self._all("SELECT DISTINCT instance_id FROM events WHERE kind = 'seen' AND at >= ?",
+                         (since,))  # fmt: skip
+        return {str(r["instance_id"]) for r in rows}

@@ -145,6 +145,7 @@ class Controller:
         tracks, events = advance(hist, obs, now)
         recent = tuple(e for e in events if e.kind in ("death", "restart"))
         hist = replace(hist, instances=tracks, events=hist.events + recent)
+        hist = replace(hist, pending_launches=len(self._in_flight(obs, now, write=write)))
         facts = build_facts(obs, hist, now)
         matches = self.rules.engine.match(facts, now)
         extra = approvals.approved_proposals(self.journal) + followups(
@@ -165,6 +166,37 @@ class Controller:
             Plan(tuple(checked)),
             decided.doubts + tuple(vetoes),
         )
+
+    def _in_flight(self, obs: Observation, now: float, *, write: bool) -> list[str]:
+        """Labels of launches on their way: not yet listed, not yet given up on.
+
+        A launch whose label shows up in the listing is confirmed (late creates included); one
+        unconfirmed for `launch_pending_s` is recorded as lost. While the listing failed,
+        every recent launch is assumed on its way (never launch blind).
+        """
+        window = self.settings.guards.launch_pending_s
+        rows = self.journal.recent_launches(now - window)
+        if not rows:
+            return []
+        if not obs.sensor_ok("provider"):
+            return [str(r["key"]) for r in rows]
+        by_label = {i.label: i for i in obs.instances}
+        seen = self.journal.seen_instances(now - window) | {i.id for i in obs.instances}
+        pending = []
+        for r in rows:
+            label, listed = str(r["key"]), by_label.get(str(r["key"]))
+            if listed is not None or r["result"].get("instance") in seen:
+                if write and r["status"] != "ok" and listed is not None:
+                    self.journal.finish(r["id"], now, "ok", {"instance": listed.id, "label": label,
+                                                             "confirmed_late": True})  # fmt: skip
+                continue
+            if now - float(r["at"]) >= window:
+                if write and r["status"] != "ok":
+                    self.journal.finish(r["id"], now, "lost", {"label": label, "note": "never "
+                                        "listed within the pending window"})  # fmt: skip
+                continue
+            pending.append(label)
+        return pending
 
     def tick(self) -> Planned:
         """Steps 1-9."""

@@ -57,6 +57,12 @@ class Guards(_Strict):
         description="destroy the old instance this long after its replacement was "
         "launched, even if the replacement is not running yet",
     )
+    launch_pending_s: float = Field(
+        1800,
+        gt=0,
+        description="a launch not yet in the listing counts as capacity this long; "
+        "after it, unconfirmed, it is recorded as lost",
+    )
     paused: bool = Field(False, description="the pause switch: decide and record, act on nothing")
 
 
@@ -69,7 +75,11 @@ class Gate(_Strict):
     )
     confidence_threshold: float = Field(0.8, ge=0, le=1)
     weak_evidence_factor: float = Field(
-        0.5, gt=0, le=1, description="confidence multiplier while a sensor is stale or failed"
+        0.5,
+        gt=0,
+        le=1,
+        description="confidence multiplier while a sensor is stale (a failed "
+        "sensor holds fleet changes instead)",
     )
     large_change_share: float = Field(
         0.25,

@@ -115,8 +115,8 @@ def test_low_confidence_asks() -> None:
     assert [x.kind for x in out.doubts] == ["low_confidence"]
 
 
-def test_a_failed_sensor_lowers_confidence_below_the_threshold() -> None:
-    facts = [fact("demand", pending=5), fact("sensor", name="provider", state="failed")]
+def test_a_stale_sensor_lowers_confidence_below_the_threshold() -> None:
+    facts = [fact("demand", pending=5), fact("sensor", name="provider", state="stale")]
     out = run(facts, [fired("grow", demand="demand:all")])
     grow = next(d for d in out.decisions if d.proposal.proposer == "rule:grow")
     assert grow.proposal.confidence == 0.45 and grow.verdict == "ask"

@@ -2,6 +2,8 @@
 
 ProviderError
  ├── TemporaryProviderError   retry later (429, 5xx, timeouts)
+ │    └── CreateOutcomeUnknown   a create may or may not have happened: never retry it,
+ │                               look for its label in later listings
  └── PermanentProviderError   do not retry (bad request, offer gone, auth)
 """
 
@@ -19,6 +21,17 @@ class ProviderError(Exception):
 
 class TemporaryProviderError(ProviderError):
     """Worth retrying on a later tick."""
+
+
+class CreateOutcomeUnknown(TemporaryProviderError):
+    """The create request may have reached the provider; whether it rented is unknown."""
+
+    def __init__(self, label: str, detail: str) -> None:
+        super().__init__(
+            f"launch {label!r}: the outcome is unknown ({detail}); it will be looked for by its "
+            "label, never created again"
+        )
+        self.label = label
 
 
 class PermanentProviderError(ProviderError):
