@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -122,6 +122,7 @@ class Controller:
         clock: Callable[[], float],
         before_tick: Callable[[], None] | None = None,
         after_tick: Callable[[], None] | None = None,
+        sources: Sequence[Callable[[float], list[Proposal]]] = (),
     ) -> None:
         self.journal = journal
         self.provider = provider
@@ -132,6 +133,7 @@ class Controller:
         self.clock = clock
         self.before_tick = before_tick
         self.after_tick = after_tick
+        self.sources = list(sources)  # more proposals each tick (e.g. agent timeouts)
         self.actuator = Actuator(provider, journal, settings.guards)
 
     def _limits(self) -> Any:
@@ -151,6 +153,8 @@ class Controller:
         extra = approvals.approved_proposals(self.journal) + followups(
             self.journal, obs, now, write=write
         )
+        if write:  # sources may change state (an overdue command is closed once)
+            extra += [p for source in self.sources for p in source(now)]
         decided = decide(facts, matches, self.rules.book, self.settings, now, extra)
         ctx = guards.Context({str(f["id"]): f for f in facts}, hist, self._limits(), now)
         checked, vetoes = guards.check(decided.decisions, ctx)
