@@ -36,7 +36,7 @@ def vast(id: str, status: str = "running", label: str = "") -> Instance:
 
 
 def test_stages_come_from_vast_while_booting_and_from_the_agent_after() -> None:
-    assert stage_of(vast("1", None or "provisioning"), Rec("fg-1", "bench")) == "provisioning"
+    assert stage_of(vast("1", "provisioning"), Rec("fg-1", "bench")) == "provisioning"
     assert stage_of(vast("1", "loading"), None) == "loading"
     assert stage_of(vast("1"), None) == "loading"  # running container, no agent yet
     assert stage_of(vast("1"), Rec("fg-1", "params")) == "params"

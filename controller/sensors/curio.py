@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, LiteralString
+from urllib.parse import quote
 
 import psycopg
 from psycopg import sql
@@ -179,7 +180,8 @@ class CurioDemand:
         try:
             conn = self._connect(self.settings)
         except psycopg.Error as exc:
-            reason = self._scrub(str(exc))
+            # libpq quotes pieces of an unparsable DSN, which may be pieces of the password
+            reason = self._scrub(str(exc)) if self._params() else "not a valid connection string"
             raise SensorError(
                 f"cannot connect to the Curio database {self._where()}: {reason}"
             ) from exc
@@ -224,8 +226,9 @@ class CurioDemand:
         return f"{where} as {p['user']}" if p.get("user") else where
 
     def _scrub(self, text: str) -> str:
-        secrets = [self.settings.dsn.get_secret_value(), str(self._params().get("password", ""))]
-        for secret in secrets:
+        password = str(self._params().get("password") or "")
+        dsn = self.settings.dsn.get_secret_value()
+        for secret in (dsn, password, quote(password, safe="")):
             if secret:
                 text = text.replace(secret, "***")
         return " ".join(text.split())
