@@ -21,8 +21,6 @@ Errors:
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
 import time
@@ -34,61 +32,29 @@ from urllib.parse import urlsplit
 import requests
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from controller.actions import ACTIONS, ActionError, json_schema, validate
-from escalation.render import Renderer, RenderError, to_json
-from escalation.situation import Situation, sanitize, to_dict
+from escalation.llm_answer import _check_call, _from_json, _from_tools, _message, _raw, _tokens
+from escalation.llm_errors import LLMBudgetExceeded, LLMError, LLMInvalidAnswer, LLMUnavailable
+from escalation.llm_request import (
+    DAY,
+    ESCALATE,
+    HOUR,
+    MAX_WAIT_S,
+    offered_actions,
+    prompt_digest,
+    render_prompt,
+    response_format,
+    tools,
+)
+from escalation.render import Renderer
+from escalation.situation import Situation, sanitize
+
+__all__ = [
+    "ESCALATE", "MAX_WAIT_S", "LLMAnswer", "LLMBudgetExceeded", "LLMClient", "LLMError",
+    "LLMInvalidAnswer", "LLMSettings", "LLMUnavailable", "MemoryUsage", "UsageStore",
+    "offered_actions", "prompt_digest", "render_prompt", "response_format", "tools",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
-
-ESCALATE = "escalate_to_human"  # the model's way to hand a situation to people
-NOT_OFFERED = frozenset({"escalate"})  # a rule's "escalate": the model has escalate_to_human
-SYSTEM_TEMPLATE = "prompt_system.txt.j2"
-USER_TEMPLATE = "prompt_user.txt.j2"
-MAX_WAIT_S = 30.0  # longest sleep between attempts, Retry-After included
-PROMPT_TEXT_CAP = 500  # untrusted strings in the prompt (facts arrive already capped at 200)
-RAW_CAP = 2000
-RATIONALE_CAP = 1000
-HOUR, DAY = 3600.0, 86_400.0
-
-# What each action does, in the model's words (tool descriptions and the prompt's action list).
-HELP = {
-    "launch": "Rent `count` new instances with the configured offer filter.",
-    "scale_to": "Bring the fleet to `count` live instances (shrinking drains idle ones first).",
-    "destroy": "Destroy one instance now; tasks still running on it are lost.",
-    "replace": "Launch a replacement, then destroy this instance once the new one runs.",
-    "drain": "Stop giving new tasks to an instance (Curio unschedulable).",
-    "restart_daemon": "Restart the proving daemon (cuzk) on an instance.",
-    "reboot": "Reboot an instance.",
-    "block_host": "Stop renting a machine for `for` seconds.",
-    "notify": "Send the operators a message; changes nothing.",
-    "hold": "Change nothing for now.",
-    ESCALATE: "Hand the situation to a person. Use it whenever you are unsure.",
-}
-_CONFIDENCE = {
-    "type": "number",
-    "minimum": 0,
-    "maximum": 1,
-    "description": "How sure you are that this is right, from 0 to 1.",
-}
-_RATIONALE = {"type": "string", "minLength": 1, "description": "Why, in one or two sentences."}
-
-
-class LLMError(Exception):
-    """The LLM gave no usable answer; the situation goes to people."""
-
-
-class LLMUnavailable(LLMError):
-    """No answer came back (network, timeout, HTTP error, not a chat completion)."""
-
-
-class LLMBudgetExceeded(LLMError):
-    """The calls-per-hour or tokens-per-day budget is used up; no request was sent."""
-
-
-class LLMInvalidAnswer(LLMError):
-    """The model answered, but not with exactly one valid, allowed action."""
-
-    raw: str = ""  # what the model said (tool calls or content), capped; set by LLMClient
 
 
 class LLMSettings(BaseModel):
@@ -152,268 +118,6 @@ class LLMAnswer:
     latency_s: float
     prompt_digest: str  # sha256 hex of the exact messages sent
     raw: str  # the tool call(s) or content, capped at RAW_CAP
-
-
-# ---- the request ---------------------------------------------------------------------------
-
-
-def offered_actions(situation: Situation) -> tuple[str, ...]:
-    """The tools offered: the situation's allowed actions from the vocabulary, then ESCALATE."""
-    names = [a for a in situation.allowed_actions if a in ACTIONS and a not in NOT_OFFERED]
-    return (*dict.fromkeys(names), ESCALATE)
-
-
-def params_schema(name: str) -> dict[str, Any]:
-    """An action's parameters as JSON Schema, without pydantic's titles."""
-    if name == ESCALATE:
-        return {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["reason"],
-            "properties": {
-                "reason": {"type": "string", "description": "What a person should look at."}
-            },
-        }
-    schema = json_schema(name)
-    props = {
-        k: {n: v for n, v in p.items() if n != "title"} for k, p in schema["properties"].items()
-    }
-    return {
-        "type": "object",
-        "additionalProperties": False,
-        "properties": props,
-        "required": list(schema.get("required", [])),
-    }
-
-
-def describe(name: str) -> str:
-    return HELP.get(name) or str(json_schema(name).get("description", name))
-
-
-def tools(offered: Sequence[str]) -> list[dict[str, Any]]:
-    """One function tool per offered action, each also requiring confidence and rationale."""
-    out = []
-    for name in offered:
-        schema = params_schema(name)
-        schema["properties"] = {
-            **schema["properties"],
-            "confidence": _CONFIDENCE,
-            "rationale": _RATIONALE,
-        }
-        schema["required"] = [*schema["required"], "confidence", "rationale"]
-        out.append(
-            {
-                "type": "function",
-                "function": {"name": name, "description": describe(name), "parameters": schema},
-            }
-        )
-    return out
-
-
-def response_format(offered: Sequence[str]) -> dict[str, Any]:
-    """The json_schema mode's `response_format`: one decision object."""
-    schema = {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["action", "params", "confidence", "rationale"],
-        "properties": {
-            "action": {"type": "string", "enum": list(offered)},
-            "params": {"type": "object"},
-            "confidence": _CONFIDENCE,
-            "rationale": _RATIONALE,
-        },
-    }
-    return {
-        "type": "json_schema",
-        "json_schema": {"name": "decision", "strict": True, "schema": schema},
-    }
-
-
-def render_prompt(
-    renderer: Renderer, situation: Situation, mode: str = "tools"
-) -> list[dict[str, str]]:
-    """The system and user messages for `situation`: deterministic, built from no secret.
-
-    Template context (both templates): `situation` (to_dict, every string sanitized and capped
-    at PROMPT_TEXT_CAP), `actions` ([{name, description, parameters}], ESCALATE last), `mode`
-    ("tools" or "json_schema"), `data_tag` (16 hex chars of the data's digest, which delimits
-    the DATA block so a label cannot close it).
-    """
-    data = sanitize(to_dict(situation), PROMPT_TEXT_CAP)
-    offered = offered_actions(situation)
-    context = {
-        "situation": data,
-        "actions": [
-            {"name": n, "description": describe(n), "parameters": params_schema(n)} for n in offered
-        ],
-        "mode": mode,
-        "data_tag": hashlib.sha256(to_json(data).encode("utf-8")).hexdigest()[:16],
-    }
-    try:
-        system = renderer.render(SYSTEM_TEMPLATE, **context)
-        user = renderer.render(USER_TEMPLATE, **context)
-    except RenderError as exc:
-        raise LLMError(f"cannot render the LLM prompt: {exc}") from exc
-    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
-
-
-def prompt_digest(messages: Sequence[dict[str, str]]) -> str:
-    canonical = json.dumps(
-        list(messages), sort_keys=True, ensure_ascii=False, separators=(",", ":")
-    )
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-
-
-# ---- the answer ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Call:
-    name: str
-    args: dict[str, Any]
-
-
-def _short(value: Any) -> str:
-    """A value the model sent, for an error message: repr'd, escaped, capped."""
-    return str(sanitize(repr(value), 80))
-
-
-def _json_object(value: Any, what: str) -> dict[str, Any]:
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError as exc:
-            raise LLMInvalidAnswer(f"{what} is not valid JSON: {exc}") from exc
-    if not isinstance(value, dict):  # some servers send tool arguments already decoded
-        raise LLMInvalidAnswer(f"{what} is not a JSON object, got {type(value).__name__}")
-    return value
-
-
-def _decoded(arguments: Any) -> Any:
-    """Arguments as JSON when they parse (so spacing does not tell two calls apart), else as is."""
-    try:
-        return json.loads(arguments) if isinstance(arguments, str) else arguments
-    except ValueError:
-        return arguments
-
-
-def _one_tool_call(message: dict[str, Any]) -> tuple[str, Any]:
-    calls = message.get("tool_calls") or []
-    if not isinstance(calls, list) or not calls:
-        said = " (the model wrote text instead)" if message.get("content") else ""
-        raise LLMInvalidAnswer(f"no tool call in the answer{said}")
-    found = []
-    for call in calls:
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise LLMInvalidAnswer(f"a tool call without a function name: {_short(str(call))}")
-        found.append((function["name"], function.get("arguments")))
-    if len({json.dumps([n, _decoded(a)], sort_keys=True) for n, a in found}) > 1:
-        names = ", ".join(_short(n) for n, _ in found)
-        raise LLMInvalidAnswer(
-            f"the model made {len(found)} different tool calls ({names}); exactly one is expected"
-        )
-    return found[0]
-
-
-def _from_tools(message: dict[str, Any]) -> _Call:
-    name, arguments = _one_tool_call(message)
-    args = _json_object(arguments, f"the arguments of the {_short(name)} call")
-    return _Call(name, args)
-
-
-def _from_json(message: dict[str, Any]) -> _Call:
-    if message.get("tool_calls"):
-        raise LLMInvalidAnswer("the model made a tool call; a JSON decision was expected")
-    doc = _json_object(message.get("content") or "", "the answer")
-    keys = {"action", "params", "confidence", "rationale"}
-    if set(doc) != keys:
-        raise LLMInvalidAnswer(f"the answer's keys are {sorted(doc)!r}, expected {sorted(keys)!r}")
-    action, params = doc["action"], doc["params"]
-    if not isinstance(action, str) or not isinstance(params, dict):
-        raise LLMInvalidAnswer("the answer's action must be a string and its params an object")
-    if set(params) & {"confidence", "rationale"}:
-        raise LLMInvalidAnswer("the answer's params must not hold confidence or rationale")
-    return _Call(action, {**params, "confidence": doc["confidence"], "rationale": doc["rationale"]})
-
-
-def _confidence(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise LLMInvalidAnswer(f"confidence must be a number from 0 to 1, got {_short(value)}")
-    if not math.isfinite(value) or not 0 <= value <= 1:
-        raise LLMInvalidAnswer(f"confidence {value!r} is outside 0..1")
-    return float(value)
-
-
-def _rationale(value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise LLMInvalidAnswer(f"rationale must be a non-empty string, got {_short(value)}")
-    return str(sanitize(value.strip(), RATIONALE_CAP))
-
-
-def _params(name: str, params: dict[str, Any], targets: Collection[str]) -> dict[str, Any]:
-    if name == ESCALATE:
-        if set(params) - {"reason"} or not isinstance(params.get("reason", ""), str):
-            raise LLMInvalidAnswer(
-                f"escalate_to_human takes one string 'reason', got {_short(params)}"
-            )
-        return {"reason": sanitize(params.get("reason", ""), RATIONALE_CAP)}
-    try:
-        checked = validate(name, params)
-    except ActionError as exc:
-        raise LLMInvalidAnswer(f"the model's call is not valid: {exc}") from exc
-    for key in ("instance", "machine"):
-        if key in checked and checked[key] not in targets:
-            raise LLMInvalidAnswer(
-                f"the model named {key} {_short(checked[key])} which is not in this situation"
-            )
-    return checked
-
-
-def _check_call(
-    call: _Call, offered: Sequence[str], targets: Collection[str]
-) -> tuple[str | None, dict[str, Any], float, str]:
-    """(action or None for ESCALATE, params, confidence, rationale) from a call, or raise."""
-    if call.name not in offered:
-        known = "tool" if call.name in ACTIONS else "an unknown tool"
-        not_here = ", which is not offered here" if call.name in ACTIONS else ""
-        raise LLMInvalidAnswer(
-            f"the model called {known} {_short(call.name)}{not_here}"
-            f" (offered: {', '.join(offered)})"
-        )
-    args = dict(call.args)
-    confidence = _confidence(args.pop("confidence", None))
-    rationale = _rationale(args.pop("rationale", None))
-    params = _params(call.name, args, targets)
-    return (None if call.name == ESCALATE else call.name), params, confidence, rationale
-
-
-def _message(reply: Any) -> dict[str, Any]:
-    try:
-        message = reply["choices"][0]["message"]
-    except (KeyError, IndexError, TypeError):
-        message = None
-    if not isinstance(message, dict):
-        raise LLMUnavailable(
-            "the endpoint's answer is not a chat completion (no choices[0].message)"
-        )
-    return message
-
-
-def _raw(message: dict[str, Any]) -> str:
-    calls = message.get("tool_calls")
-    text = (
-        json.dumps(calls, sort_keys=True, ensure_ascii=False) if calls else message.get("content")
-    )
-    return str(text or "")[:RAW_CAP]
-
-
-def _tokens(reply: dict[str, Any], messages: Sequence[dict[str, str]], raw: str) -> int:
-    usage = reply.get("usage")
-    total = usage.get("total_tokens") if isinstance(usage, dict) else None
-    if isinstance(total, int) and not isinstance(total, bool) and total >= 0:
-        return total
-    return max(1, (len(json.dumps(list(messages), ensure_ascii=False)) + len(raw)) // 4)
 
 
 # ---- the client ----------------------------------------------------------------------------

@@ -1,0 +1,169 @@
+"""The LLM answer: parse a chat completion strictly and validate the action it names.
+
+Pure: data in, a validated call or LLMInvalidAnswer out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from controller.actions import ACTIONS, ActionError, validate
+from escalation.llm_errors import LLMInvalidAnswer, LLMUnavailable
+from escalation.llm_request import ESCALATE, RATIONALE_CAP, RAW_CAP
+from escalation.situation import sanitize
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Call:
+    name: str
+    args: dict[str, Any]
+
+
+def _short(value: Any) -> str:
+    """A value the model sent, for an error message: repr'd, escaped, capped."""
+    return str(sanitize(repr(value), 80))
+
+
+def _json_object(value: Any, what: str) -> dict[str, Any]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise LLMInvalidAnswer(f"{what} is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):  # some servers send tool arguments already decoded
+        raise LLMInvalidAnswer(f"{what} is not a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _decoded(arguments: Any) -> Any:
+    """Arguments as JSON when they parse (so spacing does not tell two calls apart), else as is."""
+    try:
+        return json.loads(arguments) if isinstance(arguments, str) else arguments
+    except ValueError:
+        return arguments
+
+
+def _one_tool_call(message: dict[str, Any]) -> tuple[str, Any]:
+    calls = message.get("tool_calls") or []
+    if not isinstance(calls, list) or not calls:
+        said = " (the model wrote text instead)" if message.get("content") else ""
+        raise LLMInvalidAnswer(f"no tool call in the answer{said}")
+    found = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise LLMInvalidAnswer(f"a tool call without a function name: {_short(str(call))}")
+        found.append((function["name"], function.get("arguments")))
+    if len({json.dumps([n, _decoded(a)], sort_keys=True) for n, a in found}) > 1:
+        names = ", ".join(_short(n) for n, _ in found)
+        raise LLMInvalidAnswer(
+            f"the model made {len(found)} different tool calls ({names}); exactly one is expected"
+        )
+    return found[0]
+
+
+def _from_tools(message: dict[str, Any]) -> _Call:
+    name, arguments = _one_tool_call(message)
+    args = _json_object(arguments, f"the arguments of the {_short(name)} call")
+    return _Call(name, args)
+
+
+def _from_json(message: dict[str, Any]) -> _Call:
+    if message.get("tool_calls"):
+        raise LLMInvalidAnswer("the model made a tool call; a JSON decision was expected")
+    doc = _json_object(message.get("content") or "", "the answer")
+    keys = {"action", "params", "confidence", "rationale"}
+    if set(doc) != keys:
+        raise LLMInvalidAnswer(f"the answer's keys are {sorted(doc)!r}, expected {sorted(keys)!r}")
+    action, params = doc["action"], doc["params"]
+    if not isinstance(action, str) or not isinstance(params, dict):
+        raise LLMInvalidAnswer("the answer's action must be a string and its params an object")
+    if set(params) & {"confidence", "rationale"}:
+        raise LLMInvalidAnswer("the answer's params must not hold confidence or rationale")
+    return _Call(action, {**params, "confidence": doc["confidence"], "rationale": doc["rationale"]})
+
+
+def _confidence(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise LLMInvalidAnswer(f"confidence must be a number from 0 to 1, got {_short(value)}")
+    if not math.isfinite(value) or not 0 <= value <= 1:
+        raise LLMInvalidAnswer(f"confidence {value!r} is outside 0..1")
+    return float(value)
+
+
+def _rationale(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise LLMInvalidAnswer(f"rationale must be a non-empty string, got {_short(value)}")
+    return str(sanitize(value.strip(), RATIONALE_CAP))
+
+
+def _params(name: str, params: dict[str, Any], targets: Collection[str]) -> dict[str, Any]:
+    if name == ESCALATE:
+        if set(params) - {"reason"} or not isinstance(params.get("reason", ""), str):
+            raise LLMInvalidAnswer(
+                f"escalate_to_human takes one string 'reason', got {_short(params)}"
+            )
+        return {"reason": sanitize(params.get("reason", ""), RATIONALE_CAP)}
+    try:
+        checked = validate(name, params)
+    except ActionError as exc:
+        raise LLMInvalidAnswer(f"the model's call is not valid: {exc}") from exc
+    for key in ("instance", "machine"):
+        if key in checked and checked[key] not in targets:
+            raise LLMInvalidAnswer(
+                f"the model named {key} {_short(checked[key])} which is not in this situation"
+            )
+    return checked
+
+
+def _check_call(
+    call: _Call, offered: Sequence[str], targets: Collection[str]
+) -> tuple[str | None, dict[str, Any], float, str]:
+    """(action or None for ESCALATE, params, confidence, rationale) from a call, or raise."""
+    if call.name not in offered:
+        known = "tool" if call.name in ACTIONS else "an unknown tool"
+        not_here = ", which is not offered here" if call.name in ACTIONS else ""
+        raise LLMInvalidAnswer(
+            f"the model called {known} {_short(call.name)}{not_here}"
+            f" (offered: {', '.join(offered)})"
+        )
+    args = dict(call.args)
+    confidence = _confidence(args.pop("confidence", None))
+    rationale = _rationale(args.pop("rationale", None))
+    params = _params(call.name, args, targets)
+    return (None if call.name == ESCALATE else call.name), params, confidence, rationale
+
+
+def _message(reply: Any) -> dict[str, Any]:
+    try:
+        message = reply["choices"][0]["message"]
+    except (KeyError, IndexError, TypeError):
+        message = None
+    if not isinstance(message, dict):
+        raise LLMUnavailable(
+            "the endpoint's answer is not a chat completion (no choices[0].message)"
+        )
+    return message
+
+
+def _raw(message: dict[str, Any]) -> str:
+    calls = message.get("tool_calls")
+    text = (
+        json.dumps(calls, sort_keys=True, ensure_ascii=False) if calls else message.get("content")
+    )
+    return str(text or "")[:RAW_CAP]
+
+
+def _tokens(reply: dict[str, Any], messages: Sequence[dict[str, str]], raw: str) -> int:
+    usage = reply.get("usage")
+    total = usage.get("total_tokens") if isinstance(usage, dict) else None
+    if isinstance(total, int) and not isinstance(total, bool) and total >= 0:
+        return total
+    return max(1, (len(json.dumps(list(messages), ensure_ascii=False)) + len(raw)) // 4)
