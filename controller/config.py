@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from controller.secrets import SecretRef
 from controller.settings import Gate, Guards
@@ -127,14 +127,73 @@ class EscalationSection(_Strict):
     templates_dir: str | None = Field(None, description="folder of templates overriding ours")
 
 
+class VastSection(_Strict):
+    """The vast.ai fleet (provider: vast)."""
+
+    api_key: SecretRef
+    base_url: str = "https://console.vast.ai"
+    image: str = Field(description="the container image every instance runs")
+    env: dict[str, str] = Field(default_factory=dict, description="container environment")
+    onstart: str = Field("", description="script run when the container starts")
+    disk_gb: float = Field(250, gt=0)
+    offer_type: Literal["on-demand", "bid"] = "on-demand"
+    bid_price: float | None = Field(None, gt=0, description="$/hour for bid (interruptible)")
+    timeout_s: float = Field(20, gt=0)
+    retries: int = Field(3, ge=0, le=10)
+    # the offer filter (the replaced manager's defaults)
+    min_cpu_ram_gb: float = 240
+    min_disk_gb: float = 250
+    max_dph: float = 0.90
+    min_gpu_ram_gb: float = 12.5
+    min_cpu_cores: int = 25
+    min_inet_down_mbps: float = 100
+    min_cuda: float = 13.0
+    min_reliability: float = 0.95
+    verified: bool = True
+    gpu_names: list[str] = Field(default_factory=list, description="empty: any GPU")
+    extra_filter: dict[str, Any] = Field(default_factory=dict, description="raw vast query terms")
+
+
+class CurioSection(_Strict):
+    """Curio's task queue (demand: curio)."""
+
+    dsn: SecretRef = Field(description="PostgreSQL/YugabyteDB connection string, from env or file")
+    schema_name: str = "curio"
+    tasks: dict[str, float] = Field(
+        default_factory=lambda: {
+            n: 1.0 for n in ("PoRep", "UpdateProve", "PSProve", "WdPost", "WinPost")
+        },  # fmt: skip
+        description="GPU task names and the capacity each needs",
+    )
+    statement_timeout_ms: int = Field(5000, ge=1)
+    allow_drain: bool = Field(False, description="may fleetgate mark Curio nodes unschedulable")
+
+
+class InstancesSection(_Strict):
+    """The instances' agents and health checks (provider: vast)."""
+
+    fleet_token: SecretRef = Field(description="the token instance agents present")
+    health_port: int = Field(
+        9821, gt=0, lt=65536, description="cuzk's status port in the container"
+    )
+    health_timeout_s: float = Field(3, gt=0)
+    sidecar_stale_s: float = Field(180, gt=0, description="Curio node silent this long: down")
+    command_deadline_s: float = Field(
+        300, gt=0, description="an agent command not picked up by then becomes a vast reboot"
+    )
+
+
 class Config(_Strict):
     interval_s: float = Field(
         0.1, gt=0, description="real seconds between ticks (the default suits the simulator)"
     )
     state_dir: str | None = Field(None, description="journal and state; --state overrides")
     rules: list[str] = Field(default_factory=list, description="rules files or folders")
-    provider: Literal["sim"] = "sim"
-    demand: Literal["sim"] = "sim"
+    provider: Literal["sim", "vast"] = "sim"
+    demand: Literal["sim", "curio"] = "sim"
+    vast: VastSection | None = None
+    curio: CurioSection | None = None
+    instances: InstancesSection | None = None
     sim: SimSection = SimSection()
     gate: Gate = Gate()
     guards: Guards = Guards()
@@ -143,6 +202,19 @@ class Config(_Strict):
     )
     escalation: EscalationSection = EscalationSection()
     api: ApiSection | None = None
+
+    @model_validator(mode="after")
+    def _sections_for_choices(self) -> Config:
+        needs = {"vast": self.provider == "vast", "instances": self.provider == "vast",
+                 "api": self.provider == "vast", "curio": self.demand == "curio"}  # fmt: skip
+        missing = [k for k, needed in needs.items() if needed and getattr(self, k) is None]
+        if missing:
+            raise ValueError(f"provider {self.provider!r} and demand {self.demand!r} need the "
+                             f"section(s) {', '.join(missing)}")  # fmt: skip
+        if self.provider == "vast" and self.demand == "sim":
+            raise ValueError("provider vast needs demand curio (a simulated queue cannot drive "
+                             "a real fleet)")  # fmt: skip
+        return self
 
 
 class ConfigError(ValueError):
@@ -211,6 +283,9 @@ def parse_config(path: str, text: str) -> Config:
                 tag = next((p for p in raw if p in _CHANNELS), None)
                 keys = _CHANNELS[tag].model_fields if tag else _keys_at(loc[:-1])
                 msg = f"unknown key (expected one of {', '.join(sorted(keys))})"
+            if not loc and isinstance(doc, Located) and "provider" in doc:
+                loc = ("provider",)  # the cross-section checks are about the choice made there
+                msg = msg.removeprefix("Value error, ")
             key = ".".join(str(p) for p in loc) or "config"
             found.setdefault((_line_for(doc, loc), key), []).append(msg)
         lines = [
