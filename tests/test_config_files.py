@@ -122,3 +122,10 @@ def test_check_with_good_config(capsys: pytest.CaptureFixture[str], monkeypatch:
     assert cli.main(["--config", "tests/data/config/good/minimal.yaml", "check", "rules"]) == 0
     out, err = capsys.readouterr()
     assert out.startswith("ok: ") and err == ""
+
+
+@pytest.mark.parametrize("name", ["sim.yaml", "vast-curio.yaml"])
+def test_the_shipped_example_configs_load(name: str) -> None:
+    path = ROOT / "controller" / "examples" / name
+    config = parse_config(str(path), read(path))
+    assert config.provider in ("sim", "vast")
