@@ -166,6 +166,10 @@ class CurioSection(_Strict):
         description="GPU task names and the capacity each needs",
     )
     statement_timeout_ms: int = Field(5000, ge=1)
+    connect_timeout_s: int = Field(5, ge=2, description="libpq rounds lower values up to 2")
+    heartbeat_stale_s: float = Field(
+        600, gt=0, description="a Curio node silent this long is stale"
+    )
     allow_drain: bool = Field(False, description="may fleetgate mark Curio nodes unschedulable")
 
 

@@ -30,23 +30,42 @@ AGENT_STAGES = ("registered", "params", "bench", "running")
 class Record(Protocol):
     """What an instance's agent reported (controller.lifecycle)."""
 
-    label: str
-    stage: str
-    bench_rate: float | None
-    host_and_port: str | None
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def stage(self) -> str: ...
+
+    @property
+    def bench_rate(self) -> float | None: ...
+
+    @property
+    def host_and_port(self) -> str | None: ...
 
 
 class Health(Protocol):
-    up: bool
-    uptime_s: float | None
+    @property
+    def up(self) -> bool: ...
+
+    @property
+    def uptime_s(self) -> float | None: ...
 
 
 class Machine(Protocol):
-    host_and_port: str
-    last_contact_age_s: float
-    unschedulable: bool
-    running_tasks: int
-    stale: bool
+    @property
+    def host_and_port(self) -> str: ...
+
+    @property
+    def last_contact_age_s(self) -> float: ...
+
+    @property
+    def unschedulable(self) -> bool: ...
+
+    @property
+    def running_tasks(self) -> int: ...
+
+    @property
+    def stale(self) -> bool: ...
 
 
 def stage_of(inst: Instance, record: Record | None) -> str:

@@ -1,0 +1,379 @@
+"""The Curio demand sensor against a real PostgreSQL, one fresh schema per test.
+
+The database comes from FLEETGATE_TEST_PG_DSN (default: the local trust-auth server). These tests
+fail, never skip, when it is unreachable: a sensor tested against nothing is not tested.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from fakes.curio_db import CurioDB, SilentServer
+from psycopg import sql
+from pydantic import ValidationError
+
+from controller.model import Demand
+from controller.providers.base import DemandSensor, SensorError
+from controller.sensors.curio import CurioDemand, CurioSettings, connect
+
+DSN = os.environ.get("FLEETGATE_TEST_PG_DSN", "host=127.0.0.1 port=5432 dbname=test user=postgres")
+PASSWORD = "Pw-" + secrets.token_hex(8)
+
+
+@pytest.fixture(scope="module")
+def dsn() -> str:
+    try:
+        with psycopg.connect(DSN, connect_timeout=5) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        pytest.fail(
+            f"test PostgreSQL unreachable at {DSN!r} ({exc}); "
+            "start it or point FLEETGATE_TEST_PG_DSN at one",
+            pytrace=False,
+        )
+    return DSN
+
+
+@pytest.fixture
+def db(dsn: str) -> Iterator[CurioDB]:
+    with CurioDB(dsn) as curio:
+        yield curio
+
+
+def sensor(db: CurioDB, dsn: str = DSN, **settings: Any) -> CurioDemand:
+    return CurioDemand(CurioSettings(dsn=dsn, schema_name=db.schema, **settings))
+
+
+def by_task(demand: list[Demand]) -> dict[str, Demand]:
+    return {d.task: d for d in demand}
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --- demand --------------------------------------------------------------------------------
+
+
+def test_counts_pending_and_running_per_task_and_a_weighted_total(db: CurioDB) -> None:
+    node = db.add_machine("10.0.0.1:12300")
+    porep = db.post("PoRep", 3)
+    db.post("WdPost", 3)
+    db.claim(porep[:1], node)
+
+    reading: DemandSensor = sensor(db, tasks={"PoRep": 2.0, "WdPost": 0.5, "WinPost": 1.0})
+    got = reading.demand()
+
+    assert [d.task for d in got] == ["PoRep", "WdPost", "WinPost", "all"]
+    demand = by_task(got)
+    assert (demand["PoRep"].pending, demand["PoRep"].running) == (2, 1)
+    assert (demand["WdPost"].pending, demand["WdPost"].running) == (3, 0)
+    assert demand["WinPost"] == Demand("WinPost", 0, 0, 0.0, 0)
+    assert (demand["all"].pending, demand["all"].running) == (round(2 * 2 + 0.5 * 3), 2)
+
+
+def test_default_tasks_are_the_gpu_proving_tasks_with_weight_one(db: CurioDB) -> None:
+    for name in ("PoRep", "UpdateProve", "PSProve", "WdPost", "WinPost"):
+        db.post(name, 2)
+
+    demand = by_task(sensor(db).demand())
+
+    assert set(demand) == {"PoRep", "UpdateProve", "PSProve", "WdPost", "WinPost", "all"}
+    assert demand["all"].pending == 10
+
+
+def test_an_empty_queue_reads_zeros_not_an_error(db: CurioDB) -> None:
+    demand = by_task(sensor(db).demand())
+
+    assert demand["all"] == Demand("all", 0, 0, 0.0, 0)
+
+
+def test_oldest_pending_age_is_measured_by_the_database_clock(db: CurioDB) -> None:
+    node = db.add_machine("10.0.0.1:12300")
+    db.post("PoRep", age_s=120)
+    db.post("PoRep", age_s=10)
+    db.post("WdPost", age_s=30)
+    db.claim(db.post("PoRep", age_s=3600), node)  # running: not waiting any more
+
+    demand = by_task(sensor(db).demand())
+
+    assert 120 <= demand["PoRep"].oldest_pending_s < 130
+    assert 30 <= demand["WdPost"].oldest_pending_s < 40
+    assert demand["all"].oldest_pending_s == demand["PoRep"].oldest_pending_s
+    assert demand["WinPost"].oldest_pending_s == 0.0
+
+
+def test_max_retries_counts_pending_tasks_only(db: CurioDB) -> None:
+    node = db.add_machine("10.0.0.1:12300")
+    db.post("PoRep", retries=1)
+    failed = db.post("UpdateProve", retries=2)
+    db.claim(failed, node)
+    db.release(failed)  # failed once more: back to pending with retries 3
+    db.claim(db.post("WdPost", retries=9), node)  # running
+
+    demand = by_task(sensor(db).demand())
+
+    assert demand["PoRep"].max_retries == 1
+    assert demand["UpdateProve"].max_retries == 3
+    assert (demand["UpdateProve"].pending, demand["UpdateProve"].running) == (1, 0)
+    assert demand["WdPost"].max_retries == 0
+    assert demand["all"].max_retries == 3
+
+
+def test_task_names_not_configured_are_ignored(db: CurioDB) -> None:
+    db.post("SDR", 5, age_s=900, retries=4)
+    db.post("TreeRC", 2)
+    db.post("PoRep", 1, age_s=5)
+
+    got = sensor(db, tasks={"PoRep": 1.0}).demand()
+
+    assert [d.task for d in got] == ["PoRep", "all"]
+    demand = by_task(got)
+    assert demand["all"].pending == 1
+    assert demand["all"].oldest_pending_s < 60
+    assert demand["all"].max_retries == 0
+
+
+def test_finishing_tasks_removes_them_and_writes_history(db: CurioDB) -> None:
+    node = db.add_machine("10.0.0.1:12300")
+    tasks = db.post("PSProve", 4)
+    db.claim(tasks, node)
+    reader = sensor(db)
+    assert by_task(reader.demand())["PSProve"].running == 4
+
+    db.finish(tasks[:3])
+
+    demand = by_task(reader.demand())
+    assert (demand["PSProve"].pending, demand["PSProve"].running) == (0, 1)
+    assert db.count("harmony_task_history") == 3
+
+
+def test_a_deleted_machine_gives_its_tasks_back_to_the_queue(db: CurioDB) -> None:
+    node = db.add_machine("10.0.0.1:12300", last_contact_age_s=700)
+    db.claim(db.post("PoRep", 2), node)
+
+    db.remove_machine(node)  # what Curio does to a node silent for ~10 minutes
+
+    demand = by_task(sensor(db).demand())
+    assert (demand["PoRep"].pending, demand["PoRep"].running) == (2, 0)
+
+
+def test_schema_names_are_quoted_as_identifiers(dsn: str) -> None:
+    odd = f'Curio "{secrets.token_hex(3)}"; DROP TABLE x; --'
+    with CurioDB(dsn, schema=odd) as db:
+        db.post("PoRep", 2)
+
+        assert by_task(sensor(db).demand())["PoRep"].pending == 2
+
+
+def test_each_call_uses_its_own_connection_closed_after_a_read_only_transaction(
+    db: CurioDB,
+) -> None:
+    opened: list[psycopg.Connection[Any]] = []
+
+    def recording(settings: CurioSettings) -> psycopg.Connection[Any]:
+        opened.append(connect(settings))
+        return opened[-1]
+
+    reader = CurioDemand(CurioSettings(dsn=DSN, schema_name=db.schema), connect=recording)
+    reader.demand()
+    reader.machines()
+
+    assert len(opened) == 2
+    assert all(c.closed and c.read_only for c in opened)
+
+
+# --- machines and drain ----------------------------------------------------------------------
+
+
+def test_machines_report_heartbeat_age_cordon_and_running_tasks(db: CurioDB) -> None:
+    busy = db.add_machine("10.0.0.1:12300", last_contact_age_s=30)
+    silent = db.add_machine("10.0.0.2:12300", last_contact_age_s=900, unschedulable=True)
+    db.claim(db.post("PoRep", 2) + db.post("SDR", 1), busy)
+    db.post("PoRep", 1)  # pending: nobody's
+
+    machines = sensor(db).machines()
+
+    assert [m.id for m in machines] == [busy, silent]
+    first, second = machines
+    assert (first.host_and_port, first.unschedulable, first.running_tasks) == (
+        "10.0.0.1:12300", False, 3,
+    )  # fmt: skip
+    assert 30 <= first.last_contact_age_s < 40 and not first.stale
+    assert (second.unschedulable, second.running_tasks, second.stale) == (True, 0, True)
+    assert 900 <= second.last_contact_age_s < 910
+
+    db.heartbeat(silent)
+    assert sensor(db).machines()[1].last_contact_age_s < 10
+
+
+def test_drain_and_undrain_by_id_and_by_host_and_port(db: CurioDB) -> None:
+    node = db.add_machine("10.0.0.1:12300")
+    other = db.add_machine("10.0.0.2:12300")
+    curio = sensor(db, allow_drain=True)
+
+    assert curio.drain(node) == 1
+    assert db.machine(node)["unschedulable"] is True
+    assert db.machine(other)["unschedulable"] is False
+    assert curio.drain(str(node)) == 1  # draining twice is fine
+
+    assert curio.undrain("10.0.0.1:12300") == 1
+    assert db.machine(node)["unschedulable"] is False
+    assert curio.drain("10.0.0.2:12300") == 1
+    assert [m.unschedulable for m in curio.machines()] == [False, True]
+
+
+def test_drain_is_refused_unless_the_config_allows_it(db: CurioDB) -> None:
+    node = db.add_machine("10.0.0.1:12300")
+
+    with pytest.raises(SensorError, match="draining is not allowed by the config"):
+        sensor(db).drain(node)
+    with pytest.raises(SensorError, match="draining is not allowed by the config"):
+        sensor(db).undrain(node)
+    assert db.machine(node)["unschedulable"] is False
+
+
+@pytest.mark.parametrize("machine", [424242, "10.9.9.9:12300"])
+def test_draining_an_unknown_machine_is_an_error(db: CurioDB, machine: int | str) -> None:
+    db.add_machine("10.0.0.1:12300")
+
+    with pytest.raises(SensorError, match=r"no Curio machine with (id|host_and_port)"):
+        sensor(db, allow_drain=True).drain(machine)
+
+
+# --- failures ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bad_dsn",
+    [
+        f"host=127.0.0.1 port={closed_port()} dbname=test user=postgres password={PASSWORD}",
+        f"postgresql://postgres:{PASSWORD}@127.0.0.1:{closed_port()}/test",
+        f"host=127.0.0.1 port=5432 dbname=test user=nobody_{secrets.token_hex(3)} "
+        f"password={PASSWORD}",
+        f"host=127.0.0.1 dbname=no_such_db_{secrets.token_hex(3)} user=postgres "
+        f"password={PASSWORD}",
+        f"postgresql://postgres:{PASSWORD}@127.0.0.1:5432/test?sslmode=nonsense",
+        f"host=127.0.0.1 password={PASSWORD} 'unterminated",
+        f"host=127.0.0.1 dbname=test password=Pw {PASSWORD[3:]}",  # an unquoted space
+    ],
+    ids=[
+        "refused",
+        "refused-uri",
+        "no-such-role",
+        "no-such-db",
+        "bad-option",
+        "unparsable",
+        "unparsable-password",
+    ],  # fmt: skip
+)
+def test_a_failed_connection_is_a_sensor_error_without_the_password(
+    db: CurioDB, bad_dsn: str
+) -> None:
+    started = time.monotonic()
+
+    with pytest.raises(SensorError) as caught:
+        sensor(db, dsn=bad_dsn).demand()
+
+    assert time.monotonic() - started < 2
+    message = str(caught.value)
+    assert message.startswith("cannot connect to the Curio database")
+    assert PASSWORD not in message and PASSWORD[3:] not in message and bad_dsn not in message
+
+
+def test_a_hung_server_times_out_at_connect_timeout(db: CurioDB) -> None:
+    with SilentServer() as silent:
+        hung = f"host=127.0.0.1 port={silent.port} dbname=test user=postgres password={PASSWORD}"
+        started = time.monotonic()
+
+        with pytest.raises(SensorError, match="cannot connect") as caught:
+            sensor(db, dsn=hung, connect_timeout_s=2).demand()
+
+    assert 1.5 <= time.monotonic() - started < 5
+    assert PASSWORD not in str(caught.value)
+
+
+def test_a_connect_error_echoing_the_password_is_scrubbed(db: CurioDB) -> None:
+    def leaky(settings: CurioSettings) -> psycopg.Connection[Any]:
+        raise psycopg.OperationalError(f"boom in {settings.dsn.get_secret_value()}")
+
+    settings = CurioSettings(dsn=f"host=127.0.0.1 user=postgres password={PASSWORD}")
+
+    with pytest.raises(SensorError) as caught:
+        CurioDemand(settings, connect=leaky).demand()
+
+    assert PASSWORD not in str(caught.value)
+    assert "127.0.0.1" in str(caught.value)
+
+
+def test_a_missing_schema_is_a_sensor_error(db: CurioDB) -> None:
+    curio = CurioDemand(CurioSettings(dsn=DSN, schema_name=f"nope_{secrets.token_hex(4)}"))
+
+    with pytest.raises(SensorError, match="is schema_name 'nope_.*' right"):
+        curio.demand()
+    with pytest.raises(SensorError, match="harmony_machines"):
+        curio.machines()
+
+
+def test_a_missing_table_is_a_sensor_error(db: CurioDB) -> None:
+    db.conn.execute(
+        sql.SQL("DROP TABLE {}.harmony_task").format(sql.Identifier(db.schema)),
+    )
+
+    with pytest.raises(SensorError, match=r"Curio demand query failed: .*harmony_task"):
+        sensor(db).demand()
+
+
+def test_a_locked_table_times_out_at_the_statement_timeout(db: CurioDB) -> None:
+    db.post("PoRep")
+    curio = sensor(db, statement_timeout_ms=200, allow_drain=True)
+    node = db.add_machine("10.0.0.1:12300")
+
+    with db.locked("harmony_task"):
+        started = time.monotonic()
+        with pytest.raises(SensorError, match="timed out after statement_timeout_ms=200"):
+            curio.demand()
+        assert time.monotonic() - started < 3
+    with db.locked("harmony_machines"), pytest.raises(SensorError, match="drain .* timed out"):
+        curio.drain(node)
+
+    assert by_task(curio.demand())["PoRep"].pending == 1  # the timeout was per transaction
+
+
+# --- settings ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"surprise": 1}, "Extra inputs are not permitted"),
+        ({"tasks": {}}, "at least one Curio task"),
+        ({"tasks": {"all": 1.0}}, "'all' is reserved"),
+        ({"tasks": {"ProveThisVeryLongName": 1.0}}, "1-16 characters"),
+        ({"tasks": {"PoRep": 0.0}}, "weight must be a positive number"),
+        ({"schema_name": ""}, "at least 1 character"),
+        ({"statement_timeout_ms": "5000"}, "valid integer"),
+        ({"connect_timeout_s": 1}, "greater than or equal to 2"),
+    ],
+)
+def test_bad_settings_are_rejected(fields: dict[str, Any], expected: str) -> None:
+    with pytest.raises(ValidationError, match=expected):
+        CurioSettings(dsn="host=x", **fields)
+
+
+def test_settings_never_show_the_dsn() -> None:
+    settings = CurioSettings(dsn=f"postgresql://yugabyte:{PASSWORD}@db:5433/yugabyte")
+
+    assert PASSWORD not in repr(settings) and PASSWORD not in str(settings)
+    assert settings.tasks == dict.fromkeys(
+        ("PoRep", "UpdateProve", "PSProve", "WdPost", "WinPost"), 1.0
+    )
