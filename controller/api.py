@@ -19,11 +19,11 @@ import hmac
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import uvicorn
-from fastapi import Depends, FastAPI, Header, HTTPException
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from controller.api_auth import answer_capability
@@ -48,9 +48,13 @@ def create_app(
     clock: Callable[[], float],
     on_answer: Callable[[int], None] = lambda _id: None,
     status: Callable[[], dict[str, Any]] | None = None,
+    routers: Sequence[APIRouter] = (),
 ) -> FastAPI:
-    """The API over `journal`; `on_answer` runs after an answer is stored (closes alerts)."""
+    """The API over `journal`; `on_answer` runs after an answer is stored (closes alerts);
+    `routers` adds more (the instance lifecycle API)."""
     app = FastAPI(title="fleetgate", docs_url=None, redoc_url=None, openapi_url=None)
+    for router in routers:
+        app.include_router(router)
     expected = token.get_secret_value().encode()
 
     def _bearer(authorization: str) -> bytes:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import shlex
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ class App:
     journal: Journal
     controller: Controller
     sim: Simulation | None
+    lifecycle: Any = None  # the instance records (provider vast)
 
     def close(self) -> None:
         self.journal.close()
@@ -48,9 +50,16 @@ class App:
 
         token = wiring.api_token(self.config)
         assert token is not None
+        routers = []
+        if self.lifecycle is not None and self.config.instances is not None:
+            from controller.instance_api import instance_router
+
+            fleet_token = wiring.secret(self.config.instances.fleet_token, "instances.fleet_token")
+            assert fleet_token is not None
+            routers.append(instance_router(self.lifecycle, fleet_token, self.controller.clock))
         app = create_app(self.journal, token, self.controller.clock,
                          on_answer=self.controller.escalator.closed,
-                         status=lambda: status(self))  # fmt: skip
+                         status=lambda: status(self), routers=routers)  # fmt: skip
         host, _, port = self.config.api.listen.rpartition(":")
         server = Server(app, host, int(port))
         server.start()
@@ -100,8 +109,6 @@ def build(
 ) -> App:
     journal = Journal(state / "journal.db")
     source = RulesSource(rules_paths(config, rules))
-    sim = load_sim(journal, config, seed)
-    step = config.sim.seconds_per_tick
     renderer = Renderer(config.escalation.templates_dir)
     escalator = Escalator(
         journal,
@@ -114,12 +121,23 @@ def build(
         answer_url=wiring.answer_url(config),
     )
 
+    settings = decide_settings(config)
+    if config.provider == "vast":
+        fleet, curio, store = wiring.real_fleet(config, journal, time.time)
+        controller = Controller(
+            journal=journal, provider=fleet, demand=curio, rules=source, settings=settings,
+            escalator=escalator, clock=time.time, sources=[fleet.overdue],
+        )  # fmt: skip
+        return App(config, state, journal, controller, None, store)
+    sim = load_sim(journal, config, seed)
+    step = config.sim.seconds_per_tick
+
     def save() -> None:
         journal.put(SIM_KEY, sim.to_json())
 
     controller = Controller(
         journal=journal, provider=sim.provider, demand=sim.provider, rules=source,
-        settings=decide_settings(config), escalator=escalator, clock=sim.now,
+        settings=settings, escalator=escalator, clock=sim.now,
         before_tick=lambda: sim.advance(step), after_tick=save,
     )  # fmt: skip
     return App(config, state, journal, controller, sim)

@@ -36,6 +36,9 @@ KEY_FIELDS = {
 }
 
 
+SENSOR_WORDS = {"provider": "fleet listing", "demand": "demand reading"}
+
+
 @dataclass(frozen=True)
 class Doubt:
     """Something rules cannot decide, to be escalated (see escalation.situation)."""
@@ -121,9 +124,9 @@ def unmatched(matches: Sequence[MatchLike], facts: dict[str, dict[str, Any]]) ->
         summary = f"{kind} {fact.get('id')} is outside the declared steady state and no rule "
         summary += f"covers it ({shown})" if shown else "covers it"
         if kind == "sensor":
-            summary = (f"sensing failed: {fact.get('name')} is {fact.get('state')} "
-                       f"({fact.get('detail') or 'no detail'}); fleet changes are held until it "
-                       "recovers")  # fmt: skip
+            what = SENSOR_WORDS.get(str(fact.get("name")), f"sensor {fact.get('name')}")
+            summary = (f"{what} {fact.get('state')}: {fact.get('detail') or 'no detail'}; fleet "
+                       "changes are held until it recovers")  # fmt: skip
             doubts.append(Doubt("sensing_failure", subject_of(fact), summary, (fact,), key))
             continue
         doubts.append(Doubt("unmatched", subject_of(fact), summary, (fact,), key))

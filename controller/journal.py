@@ -483,3 +483,7 @@ class Journal:
         rows = self._all("SELECT DISTINCT instance_id FROM events WHERE kind = 'seen' AND at >= ?",
                          (since,))  # fmt: skip
         return {str(r["instance_id"]) for r in rows}
+
+    def has_tracks(self) -> bool:
+        """Does the journal know of live instances? (An empty listing is then a sensing error.)"""
+        return self._one("SELECT 1 AS x FROM tracks LIMIT 1") is not None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +137,36 @@ def check_passed(journal: Journal, base_url: str, model: str, threshold: float) 
     last = journal.get(CHECK_KEY) or {}
     return bool(last.get("base_url") == base_url and last.get("model") == model
                 and float(last.get("ratio", 0)) >= threshold)  # fmt: skip
+
+
+def real_fleet(
+    config: Config, journal: Journal, clock: Callable[[], float]
+) -> tuple[Any, Any, Any]:
+    """(fleet provider, demand sensor, lifecycle store) for provider vast with demand curio."""
+    from controller.health import check_many, status_target
+    from controller.lifecycle import LifecycleStore
+    from controller.providers.vast import VastClient, VastProvider, VastSettings
+    from controller.sensors.curio import CurioDemand, CurioSettings
+    from controller.sensors.fleet import RealFleet
+
+    vast_cfg, curio_cfg, inst = config.vast, config.curio, config.instances
+    assert vast_cfg is not None and curio_cfg is not None and inst is not None
+    key = _need(vast_cfg.api_key, "vast.api_key")
+    settings = VastSettings(**vast_cfg.model_dump(exclude={"api_key"}), api_key=key)
+    vast = VastProvider(VastClient(settings), settings, expect_nonempty=journal.has_tracks)
+    dsn = _need(curio_cfg.dsn, "curio.dsn")
+    curio = CurioDemand(CurioSettings(**curio_cfg.model_dump(exclude={"dsn"}), dsn=dsn))
+    store = LifecycleStore(journal)
+
+    def check_health(instances: Any) -> Any:
+        targets = {}
+        for i in instances:
+            target = status_target(vast.last_raw.get(i.id, {}), inst.health_port)
+            if target is not None:
+                targets[i.id] = target
+        return check_many(targets, inst.health_timeout_s)
+
+    fleet = RealFleet(vast=vast, lifecycle=store, curio=curio, check_health=check_health,
+                      clock=clock, sidecar_stale_s=inst.sidecar_stale_s,
+                      command_deadline_s=inst.command_deadline_s)  # fmt: skip
+    return fleet, curio, store

@@ -39,7 +39,10 @@ def test_stages_come_from_vast_while_booting_and_from_the_agent_after() -> None:
     assert stage_of(vast("1", "provisioning"), Rec("fg-1", "bench")) == "provisioning"
     assert stage_of(vast("1", "loading"), None) == "loading"
     assert stage_of(vast("1"), None) == "loading"  # running container, no agent yet
-    assert stage_of(vast("1"), Rec("fg-1", "params")) == "params"
+    assert stage_of(vast("1"), Rec("fg-1", "registered")) == "params"  # fetching parameters
+    assert stage_of(vast("1"), Rec("fg-1", "params")) == "bench"  # parameters done: benchmarking
+    assert stage_of(vast("1"), Rec("fg-1", "bench")) == "bench"
+    assert stage_of(vast("1"), Rec("fg-1", "running")) == "running"
 
 
 def test_a_serving_instance_with_a_dead_daemon_and_a_live_node() -> None:

@@ -149,11 +149,13 @@ class VastProvider:
         self._client = client
         self._settings = settings
         self._expect_nonempty = expect_nonempty
+        self.last_raw: dict[str, dict[str, Any]] = {}
 
     def list_instances(self, expect_nonempty: bool | None = None) -> list[Instance]:
         """Every instance, by id. SensorError when the listing is in any doubt."""
         expect = self._expect_nonempty() if expect_nonempty is None else expect_nonempty
         raws = self._client.list_instances(expect_nonempty=expect)
+        self.last_raw = {str(raw["id"]): dict(raw) for raw in raws}  # ports, address: health
         return sorted((to_instance(raw) for raw in raws), key=lambda i: int(i.id))
 
     def launch(self, request: LaunchRequest) -> str:

@@ -24,7 +24,10 @@ from controller.providers.base import LaunchRequest, PermanentProviderError, Sen
 log = logging.getLogger(__name__)
 
 BOOTING = frozenset({"provisioning", "created", "loading"})
-AGENT_STAGES = ("registered", "params", "bench", "running")
+# The agent reports milestones reached; the controller's stage is what the instance is doing:
+# registered → fetching parameters; parameters done → benchmarking; benchmark done → still
+# in the benchmark stage until it reports running (its 45-minute limit covers both).
+DOING = {"registered": "params", "params": "bench", "bench": "bench", "running": "running"}
 
 
 class Record(Protocol):
@@ -72,8 +75,8 @@ def stage_of(inst: Instance, record: Record | None) -> str:
     """vast says whether the container runs; the agent says how far it got."""
     if inst.status in BOOTING:
         return "loading" if inst.status == "loading" else "provisioning"
-    if record is not None and record.stage in AGENT_STAGES:
-        return record.stage
+    if record is not None and record.stage in DOING:
+        return DOING[record.stage]
     return "loading"  # running container, agent not registered yet: unregistered
 
 

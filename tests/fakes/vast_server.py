@@ -27,6 +27,8 @@ takes the next fault scripted for its endpoint, if any:
     Delay(s, then)       wait s seconds, then `then` or the normal answer (a client timeout)
     Lost(reply)          do the work (e.g. create), then answer `reply` (a Status or Close())
 
+Instances' public address is loopback (a health check must never leave this machine);
+`on_create(fields)` may change a new instance's fields (e.g. its port mapping).
 `late_creates = n` hides each new instance from the listing (and show) for the next n listing
 calls (a listing call is a first-page request). `vanish(offer_id)` keeps an offer in search
 results but answers its create with 404 no_such_ask.
@@ -144,6 +146,7 @@ class FakeVast:
         self.boot_s, self.load_s, self.reboot_s = boot_s, load_s, reboot_s
         self.now = 0.0
         self.late_creates = 0
+        self.on_create: Callable[[dict[str, Any]], None] | None = None
         self.list_calls = 0
         self.requests: list[Recorded] = []
         self.creates_by_label: Counter[str] = Counter()
@@ -284,7 +287,10 @@ class FakeVast:
         if not body.get("image"):
             return 400, {"success": False, "error": "invalid_args", "msg": "image is required"}
         iid = self._new_id()
-        inst = _Instance(_instance_fields(iid, ask, body.get("label") or "", body), self.now)
+        fields = _instance_fields(iid, ask, body.get("label") or "", body)
+        if self.on_create is not None:
+            self.on_create(fields)  # e.g. point its status port at a local stand-in
+        inst = _Instance(fields, self.now)
         inst.visible_after = self.list_calls + self.late_creates
         self._instances[iid] = inst
         del self.offers[offer_id]
@@ -371,7 +377,7 @@ def _instance_fields(
         "intended_status": "running", "start_date": EPOCH + iid, "gpu_name": ask["gpu_name"],
         "num_gpus": ask["num_gpus"], "gpu_ram": ask["gpu_ram"], "cpu_ram": ask["cpu_ram"],
         "dph_total": ask["dph_total"], "reliability2": ask["reliability"],
-        "geolocation": ask["geolocation"], "public_ipaddr": f"192.0.2.{iid % 250 + 1}",
+        "geolocation": ask["geolocation"], "public_ipaddr": "127.0.0.1",
         "ssh_host": "ssh1.vast.ai", "ssh_port": 20000 + iid % 10000,
         "ports": {"9821/tcp": [{"HostIp": "0.0.0.0", "HostPort": str(40000 + iid % 1000)}]},
         "image_uuid": body.get("image", "fake/image"), "image_runtype": body.get("runtype"),

@@ -1,0 +1,135 @@
+"""Is the cuzk daemon on an instance alive? Ask its status server directly.
+
+cuzk's optional HTTP status server (DOMAIN.md, "cuzk") answers `GET /status` with JSON holding
+`uptime_secs`. A daemon that answers is up; one whose uptime went backwards restarted (the
+caller compares uptimes across ticks). The instance's public address is vast's `public_ipaddr`
+and the public port is found in its `ports` mapping (`mapped_port`).
+
+Any failure is "down" with the reason in words: refused, timed out, an HTTP error status, a body
+that is not a JSON object. A short timeout keeps one dead host from holding up a tick, and
+`check_many` checks a large fleet concurrently.
+
+This module must NOT decide what to do about a down daemon, nor retry: one check is one
+observation, and the rules weigh observations over time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import requests
+import urllib3.exceptions
+
+STATUS_PORT = 9821  # the port cuzk's status server listens on inside the container
+MAX_STATUS_BYTES = 1 << 20
+
+K = TypeVar("K")
+
+
+@dataclass(frozen=True)
+class DaemonHealth:
+    up: bool
+    uptime_s: float | None
+    detail: str  # why it is down, or "" when up with an uptime
+
+
+def mapped_port(ports: Mapping[str, Any] | None, internal: int = STATUS_PORT) -> int | None:
+    """The public port vast maps to TCP port `internal`, from an instance's `ports` field.
+
+    `{"9821/tcp": [{"HostIp": "0.0.0.0", "HostPort": "40123"}]}` -> 40123. An IPv4 binding is
+    preferred over an IPv6 one; a missing, empty or malformed entry is None.
+    """
+    if not isinstance(ports, Mapping):
+        return None
+    bindings = ports.get(f"{internal}/tcp", ports.get(str(internal)))
+    if not isinstance(bindings, list):
+        return None
+    found: list[tuple[bool, int]] = []
+    for b in bindings:
+        port = str(b.get("HostPort", "")) if isinstance(b, Mapping) else ""
+        if port.isdigit() and 0 < int(port) < 65536:
+            found.append((":" in str(b.get("HostIp", "")), int(port)))
+    return min(found)[1] if found else None
+
+
+def status_target(
+    instance: Mapping[str, Any], internal: int = STATUS_PORT
+) -> tuple[str, int] | None:
+    """(public address, public port) of a vast instance's status server, if it has both."""
+    host, port = instance.get("public_ipaddr"), mapped_port(instance.get("ports"), internal)
+    host = host.strip() if isinstance(host, str) else ""
+    return (host, port) if host and port else None
+
+
+def check_daemon(host: str, port: int, timeout_s: float, session: requests.Session) -> DaemonHealth:
+    """One `GET /status`: up with cuzk's uptime, or down with the reason."""
+    netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        with session.get(
+            f"http://{netloc}/status", timeout=timeout_s, stream=True, allow_redirects=False
+        ) as r:
+            if r.status_code != 200:
+                return DaemonHealth(False, None, f"HTTP {r.status_code} from {netloc}/status")
+            body = r.raw.read(MAX_STATUS_BYTES + 1, decode_content=True)
+    except (requests.Timeout, urllib3.exceptions.TimeoutError):
+        return DaemonHealth(False, None, f"timed out after {timeout_s:g}s at {netloc}")
+    except requests.ConnectionError as exc:
+        return DaemonHealth(False, None, f"cannot connect to {netloc}: {_reason(exc)}")
+    except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
+        return DaemonHealth(False, None, f"{type(exc).__name__} from {netloc}: {_reason(exc)}")
+    return _parse(body, netloc)
+
+
+def _parse(body: bytes, netloc: str) -> DaemonHealth:
+    if len(body) > MAX_STATUS_BYTES:
+        return DaemonHealth(False, None, f"/status at {netloc} is over {MAX_STATUS_BYTES} bytes")
+    try:
+        status = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return DaemonHealth(False, None, f"/status at {netloc} is not JSON")
+    if not isinstance(status, dict):
+        return DaemonHealth(False, None, f"/status at {netloc} is not a JSON object")
+    uptime = status.get("uptime_secs")
+    if isinstance(uptime, bool) or not isinstance(uptime, int | float) or not math.isfinite(uptime):
+        return DaemonHealth(True, None, f"/status at {netloc} has no numeric uptime_secs")
+    return DaemonHealth(True, float(uptime), "")
+
+
+def _reason(exc: Exception) -> str:
+    """The innermost cause in a few words (requests' text is long and repeats the URL)."""
+    inner: BaseException = exc
+    for _ in range(10):
+        if inner.__context__ is None:
+            break
+        inner = inner.__context__
+    text = str(inner).rsplit("] ", 1)[-1].strip() or type(inner).__name__
+    return text[:200]
+
+
+def check_many(
+    targets: Mapping[K, tuple[str, int]],
+    timeout_s: float,
+    max_workers: int = 16,
+    session: requests.Session | None = None,
+) -> dict[K, DaemonHealth]:
+    """`check_daemon` for every target at once (a thread pool): {key: health}."""
+    if not targets:
+        return {}
+    own = session is None
+    http = requests.Session() if session is None else session
+    try:
+        workers = max(1, min(max_workers, len(targets)))
+        with ThreadPoolExecutor(workers, thread_name_prefix="fleetgate-health") as pool:
+            futures = {
+                key: pool.submit(check_daemon, host, port, timeout_s, http)
+                for key, (host, port) in targets.items()
+            }
+            return {key: f.result() for key, f in futures.items()}
+    finally:
+        if own:
+            http.close()
