@@ -126,7 +126,7 @@ def build(
         fleet, curio, store = wiring.real_fleet(config, journal, time.time)
         controller = Controller(
             journal=journal, provider=fleet, demand=curio, rules=source, settings=settings,
-            escalator=escalator, clock=time.time, sources=[fleet.overdue],
+            escalator=escalator, clock=time.time, sources=[fleet.overdue], on_gone=fleet.gone,
         )  # fmt: skip
         return App(config, state, journal, controller, None, store)
     sim = load_sim(journal, config, seed)

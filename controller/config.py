@@ -140,6 +140,12 @@ class VastSection(_Strict):
     bid_price: float | None = Field(None, gt=0, description="$/hour for bid (interruptible)")
     timeout_s: float = Field(20, gt=0)
     retries: int = Field(3, ge=0, le=10)
+    backoff_s: float = Field(1.0, ge=0, description="wait before the first retry, doubling")
+    min_interval_s: dict[Literal["list", "create", "destroy", "search", "other"], float] = Field(
+        default_factory=dict,
+        description="seconds between calls per endpoint (vast's limits); "
+        "defaults: list 1, create 4.5, destroy 3, search 6, other 1",
+    )
     # the offer filter (the replaced manager's defaults)
     min_cpu_ram_gb: float = 240
     min_disk_gb: float = 250

@@ -220,11 +220,14 @@ class Journal:
         return self._all("SELECT * FROM actions WHERE status = 'intent' ORDER BY id")
 
     def recent_for(self, target: str, since: float) -> list[dict[str, Any]]:
-        return self._all(
+        rows = self._all(
             "SELECT at, action, params, status, proposer FROM actions WHERE target = ? "
             "AND verdict = 'act' AND at >= ? ORDER BY id",
             (target, since),
         )
+        for r in rows:
+            r["params"] = json.loads(r["params"])
+        return rows
 
     # ---- escalations -----------------------------------------------------------------------
     def last_escalation(self, fingerprint: str) -> dict[str, Any] | None:

@@ -123,6 +123,7 @@ class Controller:
         before_tick: Callable[[], None] | None = None,
         after_tick: Callable[[], None] | None = None,
         sources: Sequence[Callable[[float], list[Proposal]]] = (),
+        on_gone: Callable[[str], None] | None = None,
     ) -> None:
         self.journal = journal
         self.provider = provider
@@ -134,6 +135,7 @@ class Controller:
         self.before_tick = before_tick
         self.after_tick = after_tick
         self.sources = list(sources)  # more proposals each tick (e.g. agent timeouts)
+        self.on_gone = on_gone  # an instance vanished from a good listing (forget its records)
         self.actuator = Actuator(provider, journal, settings.guards)
 
     def _limits(self) -> Any:
@@ -219,6 +221,10 @@ class Controller:
             )
             planned = replace(planned, plan=Plan(planned.plan.decisions + tuple(extra_plan)))
         self.journal.save_tracks(planned.tracks, planned.events)
+        if self.on_gone is not None:
+            for e in planned.events:
+                if e.kind == "gone":
+                    self.on_gone(e.instance_id)
         by_id = {str(f["id"]): f for f in planned.facts}
         counts, vetoed_answers = self._carry_out(planned, tick_id, by_id)
         fleet = by_id.get("fleet", {})

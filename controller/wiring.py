@@ -152,7 +152,11 @@ def real_fleet(
     vast_cfg, curio_cfg, inst = config.vast, config.curio, config.instances
     assert vast_cfg is not None and curio_cfg is not None and inst is not None
     key = _need(vast_cfg.api_key, "vast.api_key")
-    settings = VastSettings(**vast_cfg.model_dump(exclude={"api_key"}), api_key=key)
+    from controller.providers.vast import DEFAULT_MIN_INTERVAL_S
+
+    fields = vast_cfg.model_dump(exclude={"api_key"})
+    fields["min_interval_s"] = {**DEFAULT_MIN_INTERVAL_S, **vast_cfg.min_interval_s}
+    settings = VastSettings(**fields, api_key=key)
     vast = VastProvider(VastClient(settings), settings, expect_nonempty=journal.has_tracks)
     dsn = _need(curio_cfg.dsn, "curio.dsn")
     curio = CurioDemand(CurioSettings(**curio_cfg.model_dump(exclude={"dsn"}), dsn=dsn))

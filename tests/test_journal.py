@@ -111,3 +111,21 @@ def test_key_value_and_reopen(tmp_path: Path) -> None:
     j.put("paused", True)
     j.close()
     assert Journal(tmp_path / "j.db").get("paused") is True
+
+
+def test_recent_actions_come_back_with_their_params_decoded(j: Journal) -> None:
+    j.record(
+        tick_id=1,
+        now=10.0,
+        action="reboot",
+        target="instance:7",
+        params={"instance": "7"},
+        proposer="rule:r",
+        reason="r",
+        confidence=1,
+        verdict="act",
+        why="w",
+        status="ok",
+    )
+    [row] = j.recent_for("instance:7", 0.0)
+    assert row["params"] == {"instance": "7"} and row["action"] == "reboot"

@@ -267,8 +267,8 @@ def test_create_sends_image_env_disk_label_onstart_and_runtype(
     (create,) = fake.of("create")
     assert create.method == "PUT" and create.path == "/api/v0/asks/1/"
     assert create.body == {
-        "client_id": "me", "image": IMAGE, "env": ENV, "disk": 250.0,
-        "label": "fg-12-4-0-a1b2c3", "onstart": ONSTART, "runtype": "ssh",
+        "client_id": "me", "image": IMAGE, "env": {**ENV, "FLEETGATE_LABEL": "fg-12-4-0-a1b2c3"},
+        "disk": 250.0, "label": "fg-12-4-0-a1b2c3", "onstart": ONSTART, "runtype": "ssh",
     }  # fmt: skip
     assert fake.creates_by_label == {"fg-12-4-0-a1b2c3": 1}
     assert fake.instances[int(iid)]["label"] == "fg-12-4-0-a1b2c3"

@@ -197,7 +197,10 @@ class VastClient:
         """
         s = self.settings
         body: dict[str, Any] = {
-            "client_id": "me", "image": s.image, "env": dict(s.env), "disk": s.disk_gb,
+            # the agent in the container reports under the launch label (vast's API label
+            # can be empty even when the container's is set)
+            "client_id": "me", "image": s.image, "env": {**s.env, "FLEETGATE_LABEL": label},
+            "disk": s.disk_gb,
             "label": label, "onstart": s.onstart, "runtype": s.runtype,
         }  # fmt: skip
         if price is not None:

@@ -108,10 +108,17 @@ def enrich(
 class RealFleet:
     """The controller's provider for a vast fleet with Curio nodes and fleetgate agents."""
 
-    def __init__(self, *, vast: Any, lifecycle: Any, curio: Any, check_health: Callable[
-                 [Sequence[Instance]], Mapping[str, Health]], clock: Callable[[], float],
-                 sidecar_stale_s: float = 180.0, command_deadline_s: float = 300.0,
-                 expect_nonempty: Callable[[], bool] = lambda: False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        vast: Any,
+        lifecycle: Any,
+        curio: Any,
+        check_health: Callable[[Sequence[Instance]], Mapping[str, Health]],
+        clock: Callable[[], float],
+        sidecar_stale_s: float = 180.0,
+        command_deadline_s: float = 300.0,
+    ) -> None:
         self.vast = vast
         self.lifecycle = lifecycle
         self.curio = curio
@@ -119,11 +126,10 @@ class RealFleet:
         self.clock = clock
         self.sidecar_stale_s = sidecar_stale_s
         self.command_deadline_s = command_deadline_s
-        self.expect_nonempty = expect_nonempty
         self._last: dict[str, Instance] = {}
 
     def list_instances(self) -> list[Instance]:
-        listed = self.vast.list_instances(expect_nonempty=self.expect_nonempty())
+        listed = self.vast.list_instances()  # it knows when an empty listing is implausible
         records = self.lifecycle.records()
         try:
             machines = self.curio.machines()
@@ -164,6 +170,12 @@ class RealFleet:
         if record is None or not record.host_and_port:
             raise PermanentProviderError(f"instance {instance_id!r} has no known Curio node")
         self.curio.drain(record.host_and_port)
+
+    def gone(self, instance_id: str) -> None:
+        """The controller saw this instance vanish from vast: drop what its agent reported."""
+        record = self.lifecycle.resolve(instance_id)
+        if record is not None:
+            self.lifecycle.forget(record.label)
 
     def overdue(self, now: float) -> list[Proposal]:
         """Restart commands the agent did not pick up in time: reboot through vast instead."""

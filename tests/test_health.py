@@ -1,0 +1,217 @@
+"""cuzk daemon health against a real local HTTP server playing cuzk's status server."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+import requests
+
+from controller.health import DaemonHealth, check_daemon, check_many, mapped_port, status_target
+
+STATUS = {
+    "uptime_secs": 5025,
+    "memory": {"total_bytes": 274877906944, "used_bytes": 1 << 36, "available_bytes": 1 << 37},
+    "pipelines": [],
+}
+
+
+class FakeCuzk(ThreadingHTTPServer):
+    """`GET /status` as cuzk answers it, or one of the ways it can go wrong (`mode`)."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.mode = "ok"
+        self.delay_s = 0.0
+        self.hits = 0
+        self.agents: list[str] = []
+        self.lock = threading.Lock()
+        self.release = threading.Event()  # ends any stalled handler when the test is done
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: FakeCuzk
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        srv = self.server
+        with srv.lock:
+            srv.hits += 1
+            srv.agents.append(self.headers.get("User-Agent", ""))
+        time.sleep(srv.delay_s)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self._answer(srv)
+
+    def _answer(self, srv: FakeCuzk) -> None:
+        if self.path != "/status":
+            return self._send(404, b"not found", "text/plain")
+        if srv.mode == "hang":
+            srv.release.wait(10)
+            return
+        if srv.mode == "stall-body":
+            self.send_response(200)
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            self.wfile.write(b'{"uptime_secs": ')
+            self.wfile.flush()
+            srv.release.wait(10)
+            return
+        bodies = {
+            "ok": json.dumps(STATUS).encode(),
+            "html": b"<html>vast proxy: nothing here</html>",
+            "no-uptime": b'{"memory": {}}',
+            "list": b"[1, 2]",
+            "inf": b'{"uptime_secs": Infinity}',
+        }
+        if srv.mode == "error":
+            return self._send(503, b'{"error": "starting"}', "application/json")
+        self._send(200, bodies[srv.mode], "application/json")
+
+    def _send(self, code: int, body: bytes, ctype: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def cuzk() -> Iterator[FakeCuzk]:
+    server = FakeCuzk()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.release.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+@pytest.fixture
+def session() -> Iterator[requests.Session]:
+    with requests.Session() as s:
+        yield s
+
+
+def dead_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_of(server: FakeCuzk) -> int:
+    return int(server.server_address[1])
+
+
+def test_a_daemon_that_answers_is_up_with_its_uptime(
+    cuzk: FakeCuzk, session: requests.Session
+) -> None:
+    assert check_daemon("127.0.0.1", port_of(cuzk), 2.0, session) == DaemonHealth(True, 5025.0, "")
+
+
+def test_connection_refused_is_down_with_the_reason(session: requests.Session) -> None:
+    port = dead_port()
+    health = check_daemon("127.0.0.1", port, 2.0, session)
+    assert not health.up and health.uptime_s is None
+    assert health.detail == f"cannot connect to 127.0.0.1:{port}: Connection refused"
+
+
+@pytest.mark.parametrize("mode", ["hang", "stall-body"])
+def test_a_daemon_that_does_not_answer_in_time_is_down(
+    cuzk: FakeCuzk, session: requests.Session, mode: str
+) -> None:
+    cuzk.mode = mode
+    started = time.monotonic()
+    health = check_daemon("127.0.0.1", port_of(cuzk), 0.3, session)
+    assert time.monotonic() - started < 3
+    assert not health.up and health.detail.startswith("timed out after 0.3s")
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("html", DaemonHealth(False, None, "/status at {} is not JSON")),
+        ("list", DaemonHealth(False, None, "/status at {} is not a JSON object")),
+        ("error", DaemonHealth(False, None, "HTTP 503 from {}/status")),
+        ("no-uptime", DaemonHealth(True, None, "/status at {} has no numeric uptime_secs")),
+        ("inf", DaemonHealth(True, None, "/status at {} has no numeric uptime_secs")),
+    ],
+)
+def test_answers_that_are_not_a_status(
+    cuzk: FakeCuzk, session: requests.Session, mode: str, expected: DaemonHealth
+) -> None:
+    cuzk.mode = mode
+    netloc = f"127.0.0.1:{port_of(cuzk)}"
+    health = check_daemon("127.0.0.1", port_of(cuzk), 2.0, session)
+    assert health == DaemonHealth(expected.up, None, expected.detail.format(netloc))
+
+
+@pytest.mark.parametrize(
+    ("ports", "expected"),
+    [
+        ({"9821/tcp": [{"HostIp": "0.0.0.0", "HostPort": "40123"}]}, 40123),
+        (
+            {
+                "9821/tcp": [
+                    {"HostIp": "::", "HostPort": "40999"},
+                    {"HostIp": "0.0.0.0", "HostPort": "40124"},
+                ]
+            },
+            40124,
+        ),  # fmt: skip
+        ({"9821/tcp": [{"HostIp": "::", "HostPort": "40999"}]}, 40999),
+        ({"9821": [{"HostPort": 41000}]}, 41000),
+        ({"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": "40001"}]}, None),
+        ({"9821/tcp": None}, None),
+        ({"9821/tcp": []}, None),
+        ({"9821/tcp": [{"HostIp": "0.0.0.0", "HostPort": "x"}, "junk"]}, None),
+        ({"9821/tcp": [{"HostIp": "0.0.0.0", "HostPort": "70000"}]}, None),
+        (None, None),
+        ([], None),
+    ],
+)
+def test_mapped_port(ports: Any, expected: int | None) -> None:
+    assert mapped_port(ports, 9821) == expected
+
+
+def test_status_target_from_a_vast_instance() -> None:
+    inst = {"public_ipaddr": " 203.0.113.9 ",
+            "ports": {"9821/tcp": [{"HostIp": "0.0.0.0", "HostPort": "40123"}]}}  # fmt: skip
+    assert status_target(inst) == ("203.0.113.9", 40123)
+    assert status_target({**inst, "public_ipaddr": None}) is None
+    assert status_target({**inst, "ports": {}}) is None
+
+
+def test_check_many_checks_a_large_fleet_concurrently(cuzk: FakeCuzk) -> None:
+    cuzk.delay_s = 0.2
+    up, down = port_of(cuzk), dead_port()
+    targets = {f"i-{n}": ("127.0.0.1", up if n % 5 else down) for n in range(50)}
+    started = time.monotonic()
+    result = check_many(targets, timeout_s=2.0, max_workers=16)
+    elapsed = time.monotonic() - started
+    assert set(result) == set(targets)
+    assert [k for k, h in result.items() if not h.up] == [f"i-{n}" for n in range(0, 50, 5)]
+    assert all(h.uptime_s == 5025.0 for h in result.values() if h.up)
+    assert cuzk.hits == 40
+    assert elapsed < 4.0, f"50 checks of 0.2 s took {elapsed:.1f}s: not concurrent"
+    assert check_many({}, timeout_s=1.0) == {}
+
+
+def test_check_many_uses_the_session_it_is_given(cuzk: FakeCuzk) -> None:
+    with requests.Session() as s:
+        s.headers["User-Agent"] = "fleetgate-health-test"
+        result = check_many({"a": ("127.0.0.1", port_of(cuzk))}, timeout_s=2.0, session=s)
+        assert result["a"].up and cuzk.agents == ["fleetgate-health-test"]

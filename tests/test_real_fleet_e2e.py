@@ -1,0 +1,248 @@
+"""The real fleet end to end: a fake vast API (HTTP), Curio's queue in the real PostgreSQL,
+instance agents talking to the controller's HTTP API, and a stand-in cuzk status server per
+instance. Tasks arrive → launches; a daemon dies → restart through its agent; a crash loop →
+replace and block the host; the queue empties → drain, then destroy. Plus the sensing cases:
+429/5xx bursts and late creates never duplicate an instance; an empty or 410 listing changes
+nothing and is escalated once."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from fakes.curio_db import CurioDB
+from fakes.vast_server import Empty, FakeVast, Lost, Status, offer
+
+from controller.app import App, build
+from controller.config import parse_config
+
+ROOT = Path(__file__).resolve().parent.parent
+DSN = os.environ.get("FLEETGATE_TEST_PG_DSN", "host=127.0.0.1 port=5432 dbname=test user=postgres")
+FLEET_TOKEN, API_TOKEN = "fleet-token-e2e-123", "api-token-e2e-456"
+
+
+class Cuzk:
+    """cuzk's optional status server: `/status` with uptime while alive, 503 when dead."""
+
+    def __init__(self) -> None:
+        self.alive, self.started = True, time.time()
+        cuzk = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the base's name
+                if not cuzk.alive:
+                    self.send_response(503)
+                    self.end_headers()
+                    return
+                body = json.dumps({"uptime_secs": time.time() - cuzk.started}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None: ...
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_address[1])
+
+    def restart(self) -> None:
+        self.alive, self.started = True, time.time()
+
+
+@dataclass
+class World:
+    vast: FakeVast
+    db: CurioDB
+    app: App
+    api: str
+    cuzk: dict[int, Cuzk] = field(default_factory=dict)
+    machines: dict[int, int] = field(default_factory=dict)  # vast id -> Curio machine id
+    registered: set[int] = field(default_factory=set)
+
+    def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        headers = {"Authorization": f"Bearer {FLEET_TOKEN}"}
+        r = requests.post(f"{self.api}/v1/instances/{path}", json=body or {}, headers=headers,
+                          timeout=10)  # fmt: skip
+        assert r.status_code == 200, (path, r.status_code, r.text)
+        return r.json()
+
+    def agents(self) -> None:
+        """Every running instance's agent: register, report milestones, heartbeat, run commands."""
+        for iid, fields in self.vast.instances.items():
+            if fields.get("actual_status") != "running" or iid not in self.cuzk:
+                continue
+            label = fields["label"]
+            if iid not in self.registered:
+                node = f"127.0.0.1:{20000 + iid}"
+                self.post("register", {"label": label, "vast_id": str(iid), "host_and_port": node})
+                self.machines[iid] = self.db.add_machine(node)
+                for step in ("params-done", "bench-done", "running"):
+                    self.post(f"{label}/{step}", {"rate": 35.0} if step == "bench-done" else None)
+                self.registered.add(iid)
+            self.db.heartbeat(self.machines[iid])
+            for cmd in self.post(f"{label}/heartbeat").get("commands", []):
+                assert cmd["command"] == "restart_daemon"
+                self.cuzk[iid].restart()
+                self.post(f"{label}/commands/{cmd['id']}/done", {"ok": True, "detail": "restarted"})
+
+    def tick(self, n: int = 1) -> None:
+        for _ in range(n):
+            self.vast.advance(60)
+            self.agents()
+            self.app.controller.tick()
+            self.agents()
+
+    def actions(self, action: str) -> list[dict[str, Any]]:
+        rows = self.app.journal.actions(10_000)
+        return [r for r in rows if r["action"] == action and r["status"] == "ok"
+                and r["parent_id"] is None]  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules, ignore=shutil.ignore_patterns("tests"))
+    scaling = rules / "scaling.yaml"  # idle for 15 minutes of real time is too long for a test
+    scaling.write_text(scaling.read_text().replace("idle_for_s: {gte: 900}", "idle_for_s: {gt: 0}"))
+    monkeypatch.setenv("FG_VAST_KEY", "fake-vast-key-0123456789abcdef")
+    monkeypatch.setenv("FG_CURIO_DSN", DSN)
+    monkeypatch.setenv("FG_FLEET_TOKEN", FLEET_TOKEN)
+    monkeypatch.setenv("FG_API_TOKEN", API_TOKEN)
+    offers = [offer(100 + n, machine_id=n + 1, dph=0.40 + n / 100) for n in range(12)]
+    with FakeVast(offers=offers, boot_s=30, load_s=60) as vast, CurioDB(DSN) as db:
+        port = free_port()
+        cfg = parse_config(
+            "e2e.yaml",
+            f"""
+provider: vast
+demand: curio
+rules: ['{rules}']
+vast:
+  api_key: {{env: FG_VAST_KEY}}
+  base_url: '{vast.url}'
+  image: example/cuzk:latest
+  retries: 3
+  backoff_s: 0.01
+  min_interval_s: {{list: 0, create: 0, destroy: 0, search: 0, other: 0}}
+curio: {{dsn: {{env: FG_CURIO_DSN}}, schema_name: '{db.schema}', allow_drain: true}}
+instances: {{fleet_token: {{env: FG_FLEET_TOKEN}}, health_timeout_s: 2}}
+api: {{listen: '127.0.0.1:{port}', token: {{env: FG_API_TOKEN}}}}
+guards: {{scale_down_delay_after_up_s: 0, cooldowns_s: {{restart_daemon: 0}}}}
+escalation: {{channels: [file]}}
+""",
+        )
+        app = build(cfg, tmp_path / "state")
+        server = app.serve_api()
+        w = World(vast, db, app, f"http://127.0.0.1:{port}")
+
+        def on_create(fields: dict[str, Any]) -> None:
+            w.cuzk[fields["id"]] = cuzk = Cuzk()
+            fields["ports"] = {"9821/tcp": [{"HostIp": "0.0.0.0", "HostPort": str(cuzk.port)}]}
+
+        vast.on_create = on_create
+        try:
+            yield w
+        finally:
+            server.stop()
+            app.close()
+            for c in w.cuzk.values():
+                c.server.shutdown()
+                c.server.server_close()
+
+
+def test_tasks_launch_daemons_restart_crash_loops_are_replaced_and_idle_capacity_goes(
+    world: World,
+) -> None:
+    tasks = world.db.post("PoRep", 6)
+    world.tick()
+    assert sum(world.vast.creates_by_label.values()) == 3  # 6 tasks / 2 per instance
+    world.tick(3)  # they boot, register and serve
+    assert sum(world.vast.creates_by_label.values()) == 3
+    ids = sorted(world.registered)
+    assert len(ids) == 3
+    for n, iid in enumerate(ids):
+        world.db.claim(tasks[2 * n : 2 * n + 2], world.machines[iid])
+
+    a, b = ids[0], ids[1]
+    world.cuzk[a].alive = False  # cuzk silently killed, the Curio node still heartbeats
+    world.tick(2)
+    restarts = world.actions("restart_daemon")
+    assert [r["params"]["instance"] for r in restarts] == [str(a)] and world.cuzk[a].alive
+
+    for _ in range(3):  # b's host kills cuzk every time it starts
+        world.cuzk[b].alive = False
+        world.tick(2)
+    world.cuzk[b].alive = False
+    world.tick(1)
+    [replace] = [r for r in world.actions("replace") if r["params"]["instance"] == str(b)]
+    assert (
+        replace["params"]["block_host"]
+        and replace["proposer"] == "rule:replace-crash-looping-instance"
+    )
+    blocked = {h["machine_id"] for h in world.app.journal.hosts() if h["blocked_until"]}
+    b_machine = str(world.vast.instances[b]["machine_id"])
+    assert blocked == {b_machine}
+    searches = [json.dumps(r.body) for r in world.vast.of("search")]
+    assert b_machine in searches[-1]  # the replacement's offer search excluded b's host
+
+    world.db.finish(tasks)  # the queue drains
+    world.tick(12)
+    drained = world.actions("drain")
+    destroyed = {r["params"]["instance"] for r in world.actions("destroy")}
+    assert drained and {str(a), str(ids[2])} <= destroyed
+    assert all(int(i) not in world.vast.instances for i in destroyed)
+    assert max(world.vast.creates_by_label.values()) == 1  # no label was ever created twice
+
+
+def test_bursts_of_429_and_5xx_and_late_creates_never_duplicate(world: World) -> None:
+    world.vast.late_creates = 3  # new instances stay out of the listing for 3 listings
+    world.vast.script("create", Lost(Status(500)))  # rents, then the answer is lost
+    world.vast.rate_limit("list", 2)
+    world.vast.script("list", Status(503), Status(502))
+    world.vast.script("search", Status(503))
+    world.db.post("PoRep", 4)
+    world.tick(6)
+    assert sum(world.vast.creates_by_label.values()) == 2
+    assert set(world.vast.creates_by_label.values()) == {1}
+    launches = [r for r in world.app.journal.actions(1000) if r["action"] == "launch"
+                and r["parent_id"] is not None]  # fmt: skip
+    assert any(r["result"].get("confirmed_late") for r in launches)
+
+
+@pytest.mark.parametrize("fault", [Empty(), Status(410, {"error": "gone"})], ids=["empty", "410"])
+def test_an_empty_or_410_listing_changes_nothing_and_is_escalated_once(
+    world: World, fault: Any
+) -> None:
+    tasks = world.db.post("PoRep", 4)
+    world.tick(4)
+    assert len(world.registered) == 2
+    world.db.finish(tasks)
+    world.db.post("PoRep", 10)  # more work, and idle... either way nothing may change now
+    before = len(world.vast.requests)
+    world.vast.script("list", *[fault] * 40)
+    world.tick(4)
+    changes = [r for r in world.vast.requests[before:] if r.method in ("PUT", "DELETE")]
+    assert changes == []
+    esc = [e for e in world.app.journal.escalations() if e["kind"] == "sensing_failure"]
+    assert len(esc) == 1 and "fleet listing failed" in esc[0]["summary"]
