@@ -147,23 +147,31 @@ def status(app: App) -> dict[str, Any]:
     """What `fleetgate status` shows: the fleet, the queue, the last tick, what waits on people."""
     j = app.journal
     last = j.ticks(1)
-    instances = app.sim.provider.list_instances() if app.sim else []
+    # the simulator answers at once; a real fleet is shown as the last tick saw it
+    tracks = list(j.history(app.controller.clock()).instances.values())
+    views = [(i.stage, i.status) for i in app.sim.provider.list_instances()] if app.sim else [
+        (t.stage, t.status) for t in tracks]  # fmt: skip
     by_stage: dict[str, int] = {}
-    for i in instances:
-        key = i.stage if i.status == "running" else i.status
+    for stage, state in views:
+        key = stage if state == "running" else state
         by_stage[key] = by_stage.get(key, 0) + 1
-    demand = {
+    demand: dict[str, dict[str, Any]] = {
         d.task: {"pending": d.pending, "running": d.running}
         for d in (app.sim.provider.demand() if app.sim else [])
     }
+    summary = (last[0].get("summary") or {}) if last else {}
+    if app.sim is None:
+        demand = {"all": {"pending": summary.get("pending"), "running": None}}
     return {
         "provider": app.config.provider,
         "paused": bool(j.get("paused", False)) or app.config.guards.paused,
         "rules": app.controller.rules.book.digest,
         "last_tick": last[0] if last else None,
-        "instances": len(instances),
+        "instances": len(views),
         "by_stage": by_stage,
-        "spend_per_h": round(sum(i.dph for i in instances), 4),
+        "spend_per_h": summary.get("spend_per_h")
+        if app.sim is None
+        else round(sum(i.dph for i in app.sim.provider.list_instances()), 4),  # fmt: skip
         "demand": demand,
         "pending_escalations": len(j.escalations(status="pending")),
         "sim": app.sim.stats if app.sim else None,

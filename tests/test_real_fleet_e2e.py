@@ -246,3 +246,13 @@ def test_an_empty_or_410_listing_changes_nothing_and_is_escalated_once(
     assert changes == []
     esc = [e for e in world.app.journal.escalations() if e["kind"] == "sensing_failure"]
     assert len(esc) == 1 and "fleet listing failed" in esc[0]["summary"]
+
+
+def test_status_shows_the_real_fleet_as_the_last_tick_saw_it(world: World) -> None:
+    from controller.app import status
+
+    world.db.post("PoRep", 4)
+    world.tick(4)
+    st = status(world.app)
+    assert st["provider"] == "vast" and st["instances"] == 2
+    assert st["by_stage"] == {"running": 2} and st["demand"]["all"]["pending"] == 4
