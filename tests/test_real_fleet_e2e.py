@@ -146,7 +146,7 @@ vast:
   backoff_s: 0.01
   min_interval_s: {{list: 0, create: 0, destroy: 0, search: 0, other: 0}}
 curio: {{dsn: {{env: FG_CURIO_DSN}}, schema_name: '{db.schema}', allow_drain: true}}
-instances: {{fleet_token: {{env: FG_FLEET_TOKEN}}, health_timeout_s: 2}}
+instances: {{fleet_token: {{env: FG_FLEET_TOKEN}}, health_timeout_s: 2, command_deadline_s: 1}}
 api: {{listen: '127.0.0.1:{port}', token: {{env: FG_API_TOKEN}}}}
 guards: {{scale_down_delay_after_up_s: 0, cooldowns_s: {{restart_daemon: 0}}}}
 escalation: {{channels: [file]}}
@@ -256,3 +256,34 @@ def test_status_shows_the_real_fleet_as_the_last_tick_saw_it(world: World) -> No
     st = status(world.app)
     assert st["provider"] == "vast" and st["instances"] == 2
     assert st["by_stage"] == {"running": 2} and st["demand"]["all"]["pending"] == 4
+
+
+def test_a_restart_no_agent_picks_up_becomes_a_vast_reboot(world: World) -> None:
+    world.db.post("PoRep", 2)
+    world.tick(4)
+    [iid] = sorted(world.registered)
+    world.cuzk[iid].alive = False
+    world.vast.advance(60)
+    world.app.controller.tick()  # restart queued for the agent, which stays silent
+    assert world.actions("restart_daemon")
+    time.sleep(1.2)  # past the command deadline
+    world.vast.advance(60)
+    world.app.controller.tick()
+    reboots = [r for r in world.vast.requests if r.endpoint == "reboot"]
+    assert [r.path for r in reboots] == [f"/api/v0/instances/reboot/{iid}/"]
+    [reboot] = world.actions("reboot")
+    assert reboot["proposer"] == "controller:agent" and "did not pick up" in reboot["reason"]
+
+
+def test_a_drain_the_config_does_not_allow_fails_that_action_only(world: World) -> None:
+    from controller.providers.base import PermanentProviderError
+    from controller.sensors.fleet import RealFleet
+
+    world.db.post("PoRep", 2)
+    world.tick(4)
+    [iid] = sorted(world.registered)
+    fleet = world.app.controller.provider
+    assert isinstance(fleet, RealFleet)
+    fleet.curio.settings = fleet.curio.settings.model_copy(update={"allow_drain": False})
+    with pytest.raises(PermanentProviderError, match="not allowed"):
+        fleet.drain(str(iid))

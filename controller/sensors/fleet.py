@@ -169,7 +169,10 @@ class RealFleet:
         record = self.lifecycle.resolve(instance_id)
         if record is None or not record.host_and_port:
             raise PermanentProviderError(f"instance {instance_id!r} has no known Curio node")
-        self.curio.drain(record.host_and_port)
+        try:
+            self.curio.drain(record.host_and_port)
+        except SensorError as exc:  # not allowed by the config, or Curio unreachable
+            raise PermanentProviderError(f"cannot drain instance {instance_id!r}: {exc}") from exc
 
     def gone(self, instance_id: str) -> None:
         """The controller saw this instance vanish from vast: drop what its agent reported."""
