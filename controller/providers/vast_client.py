@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -50,6 +49,7 @@ from controller.providers.base import (
     SensorError,
     TemporaryProviderError,
 )
+from controller.retry import reason, retry_delay
 
 if TYPE_CHECKING:
     from controller.providers.vast import VastSettings
@@ -58,9 +58,7 @@ log = logging.getLogger(__name__)
 
 PAGE_LIMIT = 25  # vast's maximum page size for the v1 instance list
 MAX_PAGES = 400  # 10,000 instances: more means the cursor is going round in circles
-MAX_RETRY_AFTER_S = 30.0
 _SNIPPET = 160
-_ERRNO = re.compile(r"\[Errno -?\d+\][^'\")]*")
 _BAD_REQUEST = (
     requests.exceptions.InvalidURL,
     requests.exceptions.MissingSchema,
@@ -327,7 +325,7 @@ class VastClient:
                 problem = f"{what}: {type(exc).__name__} (check base_url)"
                 raise PermanentProviderError(problem) from None
             except requests.RequestException as exc:
-                sent, problem = not _surely_unsent(exc), _reason(exc)
+                sent, problem = not _surely_unsent(exc), reason(exc)
                 retry = policy == "read" or (policy == "mutate" and not sent)
                 if not retry or attempt == attempts - 1:
                     raise _Unreached(problem, sent) from None
@@ -337,7 +335,7 @@ class VastClient:
                 if policy == "create" or not retry or attempt == attempts - 1:
                     return response
                 problem = f"HTTP {code}"
-            delay = _retry_delay(response, attempt, self.settings.backoff_s)
+            delay = retry_delay(response, attempt, self.settings.backoff_s)
             log.warning("%s: %s; retry %d of %d in %gs", what, problem, attempt + 1,
                         attempts - 1, delay)  # fmt: skip
             self._sleep(delay)
@@ -503,22 +501,3 @@ def _surely_unsent(exc: requests.RequestException) -> bool:
         todo.append(getattr(item, "reason", None))
         todo.append(getattr(item, "__cause__", None))
     return False
-
-
-def _reason(exc: requests.RequestException) -> str:
-    """Why a request failed, short and without the URL."""
-    if isinstance(exc, requests.Timeout):
-        return "timed out"
-    found = _ERRNO.search(str(exc))
-    if found:
-        return f"{type(exc).__name__}: {found.group(0).strip()}"
-    return type(exc).__name__
-
-
-def _retry_delay(response: requests.Response | None, attempt: int, backoff_s: float) -> float:
-    delay = backoff_s * 2.0**attempt
-    header = response.headers.get("Retry-After", "") if response is not None else ""
-    try:
-        return max(delay, min(float(header), MAX_RETRY_AFTER_S))
-    except ValueError:
-        return delay

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -30,13 +29,12 @@ from urllib.parse import urlsplit
 
 import requests
 
+from controller.retry import reason, retry_delay
 from escalation.channels.base import ChannelError
 
 log = logging.getLogger(__name__)
 
-MAX_RETRY_AFTER_S = 30.0
 _SNIPPET = 200  # characters of a refusing response body quoted in the error
-_ERRNO = re.compile(r"\[Errno -?\d+\][^'\")]*")
 
 Sleep = Callable[[float], None]
 _BAD_REQUEST = (
@@ -77,25 +75,6 @@ def _url_secrets(url: str) -> list[str]:
     return [url, parts.path, parts.query, parts.fragment, userinfo]
 
 
-def _reason(exc: requests.RequestException) -> str:
-    """Why a request failed, short and without the URL (requests puts the URL in its text)."""
-    if isinstance(exc, requests.Timeout):
-        return "timed out"
-    found = _ERRNO.search(str(exc))
-    if found:
-        return f"{type(exc).__name__}: {found.group(0).strip()}"
-    return type(exc).__name__
-
-
-def _retry_delay(response: requests.Response | None, attempt: int, backoff_s: float) -> float:
-    delay = backoff_s * 2.0**attempt
-    header = response.headers.get("Retry-After", "") if response is not None else ""
-    try:
-        return max(delay, min(float(header), MAX_RETRY_AFTER_S))
-    except ValueError:
-        return delay
-
-
 def _snippet(response: requests.Response) -> str:
     text = " ".join(response.text[: _SNIPPET * 2].split())
     return f": {text[:_SNIPPET]}" if text else ""
@@ -132,7 +111,7 @@ def post_json(
         except _BAD_REQUEST as exc:  # a malformed URL or header: no retry will mend it
             raise ChannelError(scrub(f"{where}: {type(exc).__name__}", hidden)) from None
         except requests.RequestException as exc:
-            problem = _reason(exc)
+            problem = reason(exc)
         else:
             if response.status_code < 300:
                 return response
@@ -141,7 +120,7 @@ def post_json(
                 raise ChannelError(scrub(f"{where}: {problem}{_snippet(response)}", hidden))
         if attempt == retries:
             break
-        delay = _retry_delay(response, attempt, backoff_s)
+        delay = retry_delay(response, attempt, backoff_s)
         log.warning(
             "%s",
             scrub(f"{where}: {problem}; retry {attempt + 1} of {retries} in {delay:g}s", hidden),

@@ -8,9 +8,9 @@ import pytest
 import requests
 from fakes.receiver import Receiver
 
+from controller.retry import MAX_RETRY_AFTER_S
 from escalation.channels.base import ChannelError
 from escalation.channels.http import (
-    MAX_RETRY_AFTER_S,
     HttpClient,
     post_json,
     redact_url,
