@@ -186,7 +186,8 @@ def _with_app(app: App, args: argparse.Namespace) -> int:
     cmd = args.command
     if cmd == "run":
         api = app.serve_api()
-        runner = Runner(app.controller.tick, app.config.interval_s, args.ticks)
+        runner = Runner(app.controller.tick, app.config.interval_s, args.ticks,
+                        on_hup=app.controller.rules.force)  # fmt: skip
         log.info(
             "fleetgate running: %s, rules %s, every %.2fs%s",
             app.config.provider,

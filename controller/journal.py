@@ -66,6 +66,10 @@ CREATE TABLE IF NOT EXISTS llm_calls (
   routed TEXT
 );
 CREATE INDEX IF NOT EXISTS llm_calls_at ON llm_calls(at);
+CREATE TABLE IF NOT EXISTS rule_reloads (
+  id INTEGER PRIMARY KEY, at REAL NOT NULL, ok INTEGER NOT NULL, digest TEXT NOT NULL,
+  problems TEXT
+);
 CREATE TABLE IF NOT EXISTS llm_usage (id INTEGER PRIMARY KEY, at REAL NOT NULL, tokens INTEGER);
 CREATE INDEX IF NOT EXISTS llm_usage_at ON llm_usage(at);
 """
@@ -490,3 +494,11 @@ class Journal:
     def has_tracks(self) -> bool:
         """Does the journal know of live instances? (An empty listing is then a sensing error.)"""
         return self._one("SELECT 1 AS x FROM tracks LIMIT 1") is not None
+
+    def add_reload(self, now: float, ok: bool, digest: str, problems: str = "") -> None:
+        with self.tx() as db:
+            db.execute("INSERT INTO rule_reloads(at, ok, digest, problems) VALUES (?, ?, ?, ?)",
+                       (now, int(ok), digest, problems[:20_000]))  # fmt: skip
+
+    def reloads(self) -> list[dict[str, Any]]:
+        return self._all("SELECT * FROM rule_reloads ORDER BY id")

@@ -209,6 +209,9 @@ class Controller:
         if self.before_tick:
             self.before_tick()
         now = self.clock()
+        reloaded = self.rules.reload()  # a file change (or SIGHUP) takes effect here
+        if reloaded is not None:
+            self.journal.add_reload(now, reloaded.ok, reloaded.digest, reloaded.problems)
         tick_id = self.journal.start_tick(now, self.rules.book.digest)
         expired = approvals.expire(self.journal, now)
         for p in expired:

@@ -6,8 +6,10 @@ swapping in a new engine only when every file is valid.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from controller.engine import Engine
@@ -52,6 +54,29 @@ def read_rulebook(paths: Sequence[Path]) -> Rulebook:
     return load_texts(texts)
 
 
+@dataclass(frozen=True)
+class Reload:
+    """What a reload found: new rules in force, or a bad edit (the old rules stay)."""
+
+    ok: bool
+    digest: str  # of the rules in force afterwards
+    tried: str  # of the files as read (equal to digest when ok)
+    problems: str = ""
+
+
+def _files_digest(paths: Sequence[Path]) -> str:
+    """A cheap fingerprint of the files' names, sizes and mtimes (no parsing)."""
+    parts = []
+    for f in rule_files(paths):
+        try:
+            st = f.stat()
+        except OSError:
+            parts.append(f"{f}:missing")
+            continue
+        parts.append(f"{f}:{st.st_size}:{st.st_mtime_ns}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
 class RulesSource:
     """The rules in force. `reload()` swaps them only when the new files are all valid."""
 
@@ -59,20 +84,30 @@ class RulesSource:
         self.paths = list(paths)
         self.book = read_rulebook(self.paths)
         self.engine = Engine(self.book)
+        self._seen = _files_digest(self.paths)
 
-    def reload(self) -> bool:
-        """True when new rules are in force; False (and a logged error) keeps the old ones."""
+    def force(self) -> None:
+        """Read the files again on the next `reload()`, changed or not (SIGHUP)."""
+        self._seen = ""
+
+    def changed(self) -> bool:
+        """Did any rules file change (name, size, mtime) since the last look?"""
+        return _files_digest(self.paths) != self._seen
+
+    def reload(self) -> Reload | None:
+        """Read the files again if they changed. None: nothing changed. A bad edit is reported
+        with `path:line` problems and the last good rules stay in force."""
+        if not self.changed():
+            return None
+        self._seen = _files_digest(self.paths)
         try:
             book = read_rulebook(self.paths)
         except RulesError as exc:
-            log.error(
-                "rules reload failed; the last good rules (%s) stay in force:\n%s",
-                self.book.digest,
-                exc,
-            )
-            return False
+            log.error("rules reload failed; the last good rules (%s) stay in force:\n%s",
+                      self.book.digest, exc)  # fmt: skip
+            return Reload(False, self.book.digest, self._seen, str(exc))
         if book.digest == self.book.digest:
-            return False
+            return None  # touched, not changed
         self.book, self.engine = book, Engine(book)
         log.info("rules reloaded: %s (%d rules)", book.digest, len(book.rules))
-        return True
+        return Reload(True, book.digest, book.digest)

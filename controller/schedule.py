@@ -25,8 +25,10 @@ log = logging.getLogger(__name__)
 class Runner:
     """Runs `tick` every `interval_s` seconds until stopped or `max_ticks` ticks are done."""
 
-    def __init__(self, tick: Callable[[], Any], interval_s: float, max_ticks: int | None = None):
+    def __init__(self, tick: Callable[[], Any], interval_s: float, max_ticks: int | None = None,
+                 on_hup: Callable[[], None] | None = None):  # fmt: skip
         self.tick = tick
+        self.on_hup = on_hup
         self.interval_s = interval_s
         self.max_ticks = max_ticks
         self.done = 0
@@ -45,6 +47,11 @@ class Runner:
         if self.max_ticks is not None and self.done >= self.max_ticks:
             self.stop.set()
 
+    def _on_hup(self, _signum: int, _frame: FrameType | None) -> None:
+        log.warning("SIGHUP: the rules are read again on the next tick")
+        if self.on_hup is not None:
+            self.on_hup()
+
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         log.warning("%s: finishing the current tick, then exiting", signal.Signals(signum).name)
         self.stop.set()
@@ -58,10 +65,11 @@ class Runner:
         )
         trigger = IntervalTrigger(seconds=self.interval_s, timezone=UTC)
         scheduler.add_job(self._job, trigger, id="tick", next_run_time=datetime.now(UTC))
-        previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+        previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
         if threading.current_thread() is threading.main_thread():
-            for s in previous:
-                signal.signal(s, self._on_signal)
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+            signal.signal(signal.SIGHUP, self._on_hup)
         scheduler.start()
         try:
             while not self.stop.wait(0.2):

@@ -1,0 +1,96 @@
+"""Hot reload of rules: a good edit takes effect, a bad one keeps the last good rules; every
+reload is journaled; SIGHUP asks for one at once."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from controller.app import build
+from controller.config import Config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def rules_copy(tmp_path: Path) -> Path:
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules, ignore=shutil.ignore_patterns("tests"))
+    return rules
+
+
+def touch_later(path: Path, text: str) -> None:
+    path.write_text(text)
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # a visible change
+
+
+def test_a_good_edit_takes_effect_and_a_bad_one_keeps_the_last_good_rules(tmp_path: Path) -> None:
+    rules = rules_copy(tmp_path)
+    app = build(Config(), tmp_path / "state", seed=7, rules=[str(rules)])
+    try:
+        ctl = app.controller
+        first = ctl.rules.book.digest
+        ctl.tick()
+        crashes = rules / "crashes.yaml"
+        touch_later(crashes, crashes.read_text().replace("confidence: 0.95", "confidence: 0.96"))
+        ctl.tick()
+        second = ctl.rules.book.digest
+        assert second != first
+        good = crashes.read_text()
+        touch_later(crashes, good.replace("restarts_1h: {lt: 3}", "restarts_1h: {greater: 3}"))
+        ctl.tick()
+        ctl.tick()  # an unchanged bad file is not reported again
+        assert ctl.rules.book.digest == second  # the last good rules stay in force
+        reloads = app.journal.reloads()
+        assert [(r["ok"], r["digest"]) for r in reloads] == [(1, second), (0, second)]
+        assert "crashes.yaml:" in reloads[1]["problems"] and "greater" in reloads[1]["problems"]
+        assert [t["rules"] for t in app.journal.ticks(4)][::-1] == [first, second, second, second]
+    finally:
+        app.close()
+
+
+def count(db: Path, table: str) -> int:
+    try:
+        return int(sqlite3.connect(db).execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
+    except sqlite3.Error:  # not created yet
+        return 0
+
+
+def test_sighup_rereads_the_rules(tmp_path: Path) -> None:
+    rules = rules_copy(tmp_path)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"interval_s: 0.2\nrules: ['{rules}']\nescalation: {{channels: [file]}}\n")
+    state = tmp_path / "s"
+    cmd = [sys.executable, "-c", "import sys; from controller.cli import main; sys.exit(main())",
+           "--config", str(cfg), "--state", str(state), "run"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    try:
+        db = state / "journal.db"
+        deadline = time.monotonic() + 60
+        while (
+            not db.exists()
+            or not sqlite3.connect(db).execute("SELECT COUNT(*) FROM ticks").fetchone()[0]
+        ):
+            assert time.monotonic() < deadline, "no tick"
+            time.sleep(0.1)
+        # same size and mtime: only SIGHUP makes it look again
+        crashes = rules / "crashes.yaml"
+        st = crashes.stat()
+        text = crashes.read_text().replace("confidence: 0.95", "confidence: 0.94")
+        crashes.write_text(text)
+        os.utime(crashes, ns=(st.st_atime_ns, st.st_mtime_ns))
+        proc.send_signal(signal.SIGHUP)
+        while not count(db, "rule_reloads"):
+            assert time.monotonic() < deadline, "no reload after SIGHUP"
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "SIGHUP: the rules are read again" in err
