@@ -502,3 +502,9 @@ class Journal:
 
     def reloads(self) -> list[dict[str, Any]]:
         return self._all("SELECT * FROM rule_reloads ORDER BY id")
+
+    def destroyed_since(self, since: float) -> set[str]:
+        """Instances we destroyed (or set out to) since `since`."""
+        rows = self._all("SELECT target FROM actions WHERE action = 'destroy' AND verdict = 'act' "
+                         "AND status IN ('ok', 'intent') AND at >= ?", (since,))  # fmt: skip
+        return {str(r["target"]).removeprefix("instance:") for r in rows}

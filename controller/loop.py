@@ -32,6 +32,7 @@ from controller.journal import Journal
 from controller.model import Decision, Observation, Plan, Proposal, SensorStatus
 from controller.providers.base import DemandSensor, Provider, ProviderError, SensorError
 from controller.rules_source import RulesSource
+from controller.sanity import check_listing
 from controller.settings import DecideSettings
 from controller.track import Event, History, Track, advance
 from escalation import approvals
@@ -144,8 +145,9 @@ class Controller:
 
     def plan(self, now: float, *, write: bool = False) -> Planned:
         """Steps 2-7: sense and decide. With write=False nothing is stored or changed."""
-        obs = sense(self.provider, self.demand, now)
         hist = self.journal.history(now)
+        obs = check_listing(sense(self.provider, self.demand, now), hist.instances,
+                            self.journal.destroyed_since(now - 3600))  # fmt: skip
         tracks, events = advance(hist, obs, now)
         recent = tuple(e for e in events if e.kind in ("death", "restart"))
         hist = replace(hist, instances=tracks, events=hist.events + recent)

@@ -8,7 +8,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CORE = ("controller.decide", "controller.guards", "controller.rulebook", "escalation.situation")
+CORE = (
+    "controller.decide",
+    "controller.guards",
+    "controller.rulebook",
+    "controller.sanity",
+    "escalation.situation",
+)
 FORBIDDEN = {
     "time", "datetime", "socket", "ssl", "http", "urllib", "requests", "sqlite3", "psycopg",
     "random", "secrets", "os", "subprocess", "threading", "durable", "apscheduler", "logging",
