@@ -127,6 +127,7 @@ def build(
         controller = Controller(
             journal=journal, provider=fleet, demand=curio, rules=source, settings=settings,
             escalator=escalator, clock=time.time, sources=[fleet.overdue], on_gone=fleet.gone,
+            after_tick=lambda: journal.put(wiring.HEALTH_KEY, fleet.failures),
         )  # fmt: skip
         return App(config, state, journal, controller, None, store)
     sim = load_sim(journal, config, seed)

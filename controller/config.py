@@ -187,6 +187,12 @@ class InstancesSection(_Strict):
         9821, gt=0, lt=65536, description="cuzk's status port in the container"
     )
     health_timeout_s: float = Field(3, gt=0)
+    health_failures_to_down: int = Field(
+        2, ge=1, description="failed status probes in a row before the daemon counts as down"
+    )
+    health_down_after_s: float = Field(
+        60, ge=0, description="...and spanning at least this long (a blip is not a death)"
+    )
     sidecar_stale_s: float = Field(180, gt=0, description="Curio node silent this long: down")
     command_deadline_s: float = Field(
         300, gt=0, description="an agent command not picked up by then becomes a vast reboot"

@@ -25,6 +25,7 @@ from escalation.render import Renderer
 log = logging.getLogger(__name__)
 
 CHECK_KEY = "llm.check"
+HEALTH_KEY = "health.failures"  # failed probes in a row, kept across `tick` runs
 
 
 def secret(ref: SecretRef | None, key: str) -> SecretStr | None:
@@ -172,5 +173,8 @@ def real_fleet(
 
     fleet = RealFleet(vast=vast, lifecycle=store, curio=curio, check_health=check_health,
                       clock=clock, sidecar_stale_s=inst.sidecar_stale_s,
-                      command_deadline_s=inst.command_deadline_s)  # fmt: skip
+                      command_deadline_s=inst.command_deadline_s,
+                      failures_to_down=inst.health_failures_to_down,
+                      down_after_s=inst.health_down_after_s,
+                      failures=journal.get(HEALTH_KEY) or {})  # fmt: skip
     return fleet, curio, store

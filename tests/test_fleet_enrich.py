@@ -59,3 +59,17 @@ def test_unknown_health_stale_nodes_drain_and_container_labels() -> None:
                   180)  # fmt: skip
     assert (a.stage, a.daemon, a.sidecar) == ("running", "unknown", "down")
     assert (b.daemon, b.daemon_uptime_s, b.sidecar, b.drained) == ("up", 120.0, "up", True)
+
+
+def test_a_daemon_counts_as_down_only_after_failures_that_persist() -> None:
+    from controller.sensors.fleet import persisted
+
+    failures: dict[str, list[float]] = {}
+    down, up = {"1": Check(False)}, {"1": Check(True, 5.0)}
+    assert persisted(down, failures, 100, count=2, after_s=60)["1"].up  # one blip: still up
+    assert persisted(down, failures, 130, count=2, after_s=60)["1"].up  # two, but within 60 s
+    assert not persisted(down, failures, 170, count=2, after_s=60)["1"].up  # persisted
+    assert persisted(up, failures, 200, count=2, after_s=60)["1"].up and failures == {}
+    assert persisted(down, failures, 210, count=2, after_s=60)["1"].up  # counting starts over
+    persisted({}, failures, 220, count=2, after_s=60)
+    assert failures == {}  # instances no longer checked are forgotten

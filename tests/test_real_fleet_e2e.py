@@ -146,7 +146,8 @@ vast:
   backoff_s: 0.01
   min_interval_s: {{list: 0, create: 0, destroy: 0, search: 0, other: 0}}
 curio: {{dsn: {{env: FG_CURIO_DSN}}, schema_name: '{db.schema}', allow_drain: true}}
-instances: {{fleet_token: {{env: FG_FLEET_TOKEN}}, health_timeout_s: 2, command_deadline_s: 1}}
+instances: {{fleet_token: {{env: FG_FLEET_TOKEN}}, health_timeout_s: 2, command_deadline_s: 1,
+             health_failures_to_down: 2, health_down_after_s: 0}}
 api: {{listen: '127.0.0.1:{port}', token: {{env: FG_API_TOKEN}}}}
 guards: {{scale_down_delay_after_up_s: 0, cooldowns_s: {{restart_daemon: 0}}}}
 escalation: {{channels: [file]}}
@@ -192,9 +193,10 @@ def test_tasks_launch_daemons_restart_crash_loops_are_replaced_and_idle_capacity
 
     for _ in range(3):  # b's host kills cuzk every time it starts
         world.cuzk[b].alive = False
-        world.tick(2)
+        world.tick(2)  # two failed probes: down; the agent restarts it
+        world.tick(1)  # seen running again: one restart
     world.cuzk[b].alive = False
-    world.tick(1)
+    world.tick(2)  # two failed probes in a row: dead again, a 4th time
     [replace] = [r for r in world.actions("replace") if r["params"]["instance"] == str(b)]
     assert (
         replace["params"]["block_host"]
@@ -263,8 +265,9 @@ def test_a_restart_no_agent_picks_up_becomes_a_vast_reboot(world: World) -> None
     world.tick(4)
     [iid] = sorted(world.registered)
     world.cuzk[iid].alive = False
-    world.vast.advance(60)
-    world.app.controller.tick()  # restart queued for the agent, which stays silent
+    for _ in range(2):  # the second failed probe in a row counts
+        world.vast.advance(60)
+        world.app.controller.tick()  # restart queued for the agent, which stays silent
     assert world.actions("restart_daemon")
     time.sleep(1.2)  # past the command deadline
     world.vast.advance(60)
@@ -287,3 +290,15 @@ def test_a_drain_the_config_does_not_allow_fails_that_action_only(world: World) 
     fleet.curio.settings = fleet.curio.settings.model_copy(update={"allow_drain": False})
     with pytest.raises(PermanentProviderError, match="not allowed"):
         fleet.drain(str(iid))
+
+
+def test_one_failed_status_probe_restarts_nothing(world: World) -> None:
+    world.db.post("PoRep", 2)
+    world.tick(4)
+    [iid] = sorted(world.registered)
+    world.cuzk[iid].alive = False
+    world.tick(1)  # one failed probe
+    world.cuzk[iid].alive = True
+    world.tick(3)
+    assert world.actions("restart_daemon") == []
+    assert world.app.journal.get("health.failures") == {}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from controller.model import Instance, Proposal
@@ -71,6 +71,34 @@ class Machine(Protocol):
     def stale(self) -> bool: ...
 
 
+@dataclass(frozen=True)
+class Probe:
+    """A health answer as the controller reports it (possibly the last known one)."""
+
+    up: bool
+    uptime_s: float | None
+
+
+def persisted(health: Mapping[str, Health], failures: dict[str, list[float]], now: float,
+              count: int, after_s: float) -> dict[str, Probe]:  # fmt: skip
+    """Down only after `count` failed probes in a row spanning `after_s`; until then up.
+
+    `failures` maps an instance to [first failure time, failures in a row] and is updated.
+    """
+    out: dict[str, Probe] = {}
+    for iid, h in health.items():
+        if h.up:
+            failures.pop(iid, None)
+            out[iid] = Probe(True, h.uptime_s)
+            continue
+        first, n = failures.get(iid, [now, 0])
+        failures[iid] = [first, n + 1]
+        out[iid] = Probe(not (n + 1 >= count and now - first >= after_s), None)
+    for iid in set(failures) - set(health):
+        del failures[iid]  # no longer checked (gone, or not past registration)
+    return out
+
+
 def stage_of(inst: Instance, record: Record | None) -> str:
     """vast says whether the container runs; the agent says how far it got."""
     if inst.status in BOOTING:
@@ -118,6 +146,9 @@ class RealFleet:
         clock: Callable[[], float],
         sidecar_stale_s: float = 180.0,
         command_deadline_s: float = 300.0,
+        failures_to_down: int = 2,
+        down_after_s: float = 60.0,
+        failures: dict[str, list[float]] | None = None,
     ) -> None:
         self.vast = vast
         self.lifecycle = lifecycle
@@ -126,6 +157,9 @@ class RealFleet:
         self.clock = clock
         self.sidecar_stale_s = sidecar_stale_s
         self.command_deadline_s = command_deadline_s
+        self.failures_to_down = failures_to_down
+        self.down_after_s = down_after_s
+        self.failures = {} if failures is None else failures  # kept by the caller across runs
         self._last: dict[str, Instance] = {}
 
     def list_instances(self) -> list[Instance]:
@@ -137,7 +171,8 @@ class RealFleet:
             raise SensorError(f"Curio nodes unknown: {exc}") from exc
         past_registration = [i for i in listed if stage_of(i, records.get(i.label)) in
                              ("bench", "running")]  # fmt: skip
-        health = self.check_health(past_registration)
+        health = persisted(self.check_health(past_registration), self.failures, self.clock(),
+                           self.failures_to_down, self.down_after_s)  # fmt: skip
         fleet = enrich(listed, records, health, machines, self.sidecar_stale_s)
         self._last = {i.id: i for i in fleet}
         return fleet
