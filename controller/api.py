@@ -40,6 +40,7 @@ class Answer(BaseModel):
     action: str | None = None
     params: dict[str, Any] | None = None
     by: str = Field("api", max_length=80, pattern=r"^[A-Za-z0-9_.@-]+$")
+    override: list[str] = Field(default_factory=list, description="budget caps to exceed")
 
 
 def create_app(
@@ -107,7 +108,13 @@ def create_app(
                 result: dict[str, Any] = {"status": "denied"}
             else:
                 chosen = approvals.approve(
-                    journal, esc_id, by=body.by, now=clock(), action=body.action, params=body.params
+                    journal,
+                    esc_id,
+                    by=body.by,
+                    now=clock(),
+                    action=body.action,
+                    params=body.params,
+                    override=body.override,
                 )
                 result = {"status": "approved", "answer": chosen}
         except approvals.ApprovalError as exc:

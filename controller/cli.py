@@ -95,6 +95,10 @@ def _parser() -> argparse.ArgumentParser:
                 metavar="KEY=VALUE",
                 help="action parameter (repeatable); values are JSON or text",
             )
+            a.add_argument("--override", action="append", default=[], metavar="CAP",
+                           help="a budget cap this answer may exceed (repeatable; journaled): "
+                           "max_instances, max_launches_per_tick, max_launches_per_hour, "
+                           "max_spend_per_hour")  # fmt: skip
     st = sub.add_parser("status", help="fleet, queue, last tick, pending escalations")
     st.add_argument("--json", action="store_true")
     bench = sub.add_parser("bench", help="measure the controller (prints numbers)")

@@ -180,7 +180,9 @@ def escalations(app: App, args: argparse.Namespace, by: str) -> int:
         print(f"escalation #{args.id} denied by {by}")
         return 0
     params = _params(args.param) if args.param else None
-    answer = approvals.approve(j, args.id, by=by, now=now, action=args.action, params=params)
+    answer = approvals.approve(
+        j, args.id, by=by, now=now, action=args.action, params=params, override=args.override
+    )
     app.controller.escalator.closed(args.id)
     print(
         f"escalation #{args.id} approved by {by}: {answer['action']} {_brief(answer['params'])} "

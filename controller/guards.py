@@ -55,8 +55,9 @@ def _noop(d: Decision, why: str) -> Decision:
     return replace(d, verdict="noop", why=why)
 
 
-def _launch_room(ctx: Context, b: _Budget) -> tuple[int, str]:
-    """How many launches the limits allow now, and the tightest limit's name."""
+def _launch_room(ctx: Context, b: _Budget, overridden: frozenset[str] = frozenset()
+                 ) -> tuple[int, str]:  # fmt: skip
+    """How many launches the limits allow now (less those overridden), and the tightest."""
     lim, fleet = ctx.limits, ctx.fleet
     spend_left = lim.max_spend_per_hour - float(fleet.get("spend_per_h", 0.0)) - b.spend
     rooms = {
@@ -66,12 +67,20 @@ def _launch_room(ctx: Context, b: _Budget) -> tuple[int, str]:
         - b.launched,
         "max_spend_per_hour": math.floor(spend_left / lim.launch_dph_estimate + 1e-9),
     }  # fmt: skip
+    rooms = {k: v for k, v in rooms.items() if k not in overridden} or {"override": 1_000_000}
     name = min(rooms, key=lambda k: rooms[k])
     return max(rooms[name], 0), name
 
 
+OVERRIDABLE = ("max_instances", "max_launches_per_tick", "max_launches_per_hour",
+               "max_spend_per_hour")  # fmt: skip
+
+
 def _launch(d: Decision, count: int, ctx: Context, b: _Budget, doubts: list[Doubt]) -> Decision:
-    room, limit = _launch_room(ctx, b)
+    room, limit = _launch_room(ctx, b, frozenset(d.proposal.overrides))
+    if d.proposal.overrides:
+        d = replace(d, why=f"{d.why}; budget override by {d.proposal.proposer} "
+                    f"({', '.join(d.proposal.overrides)}), journaled")  # fmt: skip
     if room <= 0:
         if limit in ("max_spend_per_hour", "max_instances"):
             doubts.append(

@@ -86,6 +86,7 @@ class Proposal:
     priority: int = 0
     facts: tuple[str, ...] = ()  # ids of the facts that matched
     escalation_id: int | None = None  # set when the proposal answers an escalation
+    overrides: tuple[str, ...] = ()  # budget caps a person explicitly allowed it to exceed
 
     @property
     def target(self) -> str:

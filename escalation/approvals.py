@@ -6,9 +6,11 @@ guards as any other; the journal links the action back to the escalation.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from controller import actions
+from controller.guards import OVERRIDABLE
 from controller.journal import Journal
 from controller.model import Proposal
 
@@ -34,8 +36,13 @@ def approve(
     now: float,
     action: str | None = None,
     params: dict[str, Any] | None = None,
+    override: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Approve escalation `esc_id`: its first proposal, or `action` with `params`."""
+    """Approve escalation `esc_id`: its first proposal, or `action` with `params`.
+
+    `override` names budget caps (guards.OVERRIDABLE) this answer may exceed: explicit, and
+    journaled with the answer and the action; nothing else can exceed them.
+    """
     esc = _pending(journal, esc_id)
     proposals = esc["situation"].get("proposals") or []
     if action is None:
@@ -51,7 +58,12 @@ def approve(
         checked = actions.validate(action, params or _default_params(esc, action))
     except actions.ActionError as exc:
         raise ApprovalError(str(exc)) from exc
-    answer = {"action": action, "params": checked}
+    unknown = sorted(set(override) - set(OVERRIDABLE))
+    if unknown:
+        raise ApprovalError(f"cannot override {', '.join(unknown)} (only {', '.join(OVERRIDABLE)})")
+    answer: dict[str, Any] = {"action": action, "params": checked}
+    if override:
+        answer["override"] = sorted(set(override))
     if not journal.answer(esc_id, status="approved", by=by, now=now, answer=answer):
         raise ApprovalError(f"escalation #{esc_id} was answered meanwhile")
     return answer
@@ -84,6 +96,9 @@ def approved_proposals(journal: Journal) -> list[Proposal]:
             reason=ans.get("reason") or f"approved escalation #{esc['id']}: {esc['summary']}",
             confidence=float(ans.get("confidence", 1.0)), priority=1000,
             escalation_id=int(esc["id"]),
+            # only a person's answer may carry a budget override
+            overrides=tuple(ans.get("override", ())) if esc["answered_by"] and not str(
+                esc["answered_by"]).startswith("llm:") else (),
         ))  # fmt: skip
     return out
 

@@ -191,3 +191,47 @@ def test_require_check_keeps_the_llm_off_until_a_check_passed(tmp_path: Path) ->
         assert _cli(["llm-check"], cfg, state).returncode == 0
         out = _cli(["tick"], cfg, state)
         assert out.returncode == 0 and "LLM escalation is off" not in out.stderr
+
+
+def test_a_budget_override_is_explicit_journaled_and_never_the_llms(
+    app_factory: Any, tmp_path: Path
+) -> None:
+    from escalation import approvals
+
+    cfg = config(closed_port_url(), "guards: {max_spend_per_hour: 1.0}\n")
+    app = app_factory(cfg)
+    ticks_until(app, lambda: any(e["kind"] == "guard_veto" for e in app.journal.escalations()))
+    esc = next(e for e in app.journal.escalations() if e["kind"] == "guard_veto")
+    with pytest.raises(approvals.ApprovalError, match="cannot override"):
+        approvals.approve(
+            app.journal,
+            esc["id"],
+            by="ana",
+            now=app.controller.clock(),
+            action="launch",
+            params={"count": 1},
+            override=["min_instances"],
+        )
+    approvals.approve(
+        app.journal,
+        esc["id"],
+        by="ana",
+        now=app.controller.clock(),
+        action="launch",
+        params={"count": 1},
+        override=["max_spend_per_hour"],
+    )
+    app.controller.tick()
+    [act] = [a for a in app.journal.actions_for_escalation(esc["id"]) if a["parent_id"] is None]
+    assert act["status"] == "ok" and "budget override by human:ana" in act["why"]
+    answer = app.journal.escalation(esc["id"])
+    assert answer and answer["answer"]["override"] == ["max_spend_per_hour"]
+    # an LLM's approval never carries an override, even if the stored answer had one
+    llm_esc = app.journal.add_escalation(fingerprint="x", kind="unmatched", subject="fleet",
+                                         summary="s", now=1.0, deadline=9e9, situation={},
+                                         default_action={})  # fmt: skip
+    app.journal.answer(llm_esc, status="approved", by="llm:m", now=2.0,
+                       answer={"action": "launch", "params": {"count": 1},
+                               "override": ["max_spend_per_hour"]})  # fmt: skip
+    [p] = [p for p in approvals.approved_proposals(app.journal) if p.escalation_id == llm_esc]
+    assert p.overrides == () and p.proposer == "llm:m"

@@ -136,3 +136,17 @@ def test_replace_once_and_nothing_for_instances_that_are_gone() -> None:
 def test_other_verdicts_pass_through_untouched() -> None:
     ask = Decision(Proposal("launch", {"count": 1}, "rule:r", "x", 0.1), "ask", "low")
     assert one(ask, ctx(paused=True)) == ask
+
+
+def test_only_an_explicit_override_exceeds_a_budget_cap_and_the_decision_says_so() -> None:
+    c = ctx(fact("fleet", instances=5, spend_per_h=10.0), max_spend_per_hour=10.0)
+    plain = Decision(Proposal("launch", {"count": 2}, "human:ana", "x", 1.0, 1000), "act", "ok")
+    assert one(plain, c).verdict == "veto"
+    over = Decision(Proposal("launch", {"count": 2}, "human:ana", "x", 1.0, 1000,
+                             overrides=("max_spend_per_hour",)), "act", "ok")  # fmt: skip
+    d = one(over, c)
+    assert d.verdict == "act" and d.effective_params == {"count": 2}
+    assert "budget override by human:ana (max_spend_per_hour)" in d.why
+    capped = ctx(fact("fleet", instances=5, spend_per_h=10.0), max_spend_per_hour=10.0,
+                 max_launches_per_tick=1)  # fmt: skip
+    assert one(over, capped).effective_params == {"count": 1}  # other caps still hold
