@@ -508,3 +508,14 @@ class Journal:
         rows = self._all("SELECT target FROM actions WHERE action = 'destroy' AND verdict = 'act' "
                          "AND status IN ('ok', 'intent') AND at >= ?", (since,))  # fmt: skip
         return {str(r["target"]).removeprefix("instance:") for r in rows}
+
+    def close_interrupted(self, now: float) -> list[dict[str, Any]]:
+        """Intents left by a run that stopped between intent and result (not launches: those
+        are reconciled by their label). Each is closed as `interrupted` and returned."""
+        rows = self._all("SELECT id, action, target FROM actions WHERE status = 'intent' AND "
+                         "action != 'launch' ORDER BY id")  # fmt: skip
+        for r in rows:
+            self.finish(int(r["id"]), now, "interrupted",
+                        {"note": "the controller stopped before the result was recorded; "
+                         "the rules decide again from what is sensed now"})  # fmt: skip
+        return rows

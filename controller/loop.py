@@ -214,6 +214,9 @@ class Controller:
         reloaded = self.rules.reload()  # a file change (or SIGHUP) takes effect here
         if reloaded is not None:
             self.journal.add_reload(now, reloaded.ok, reloaded.digest, reloaded.problems)
+        for r in self.journal.close_interrupted(now):  # a crashed run's unfinished actions
+            log.warning("action #%s %s on %s was interrupted; deciding again", r["id"],
+                        r["action"], r["target"])  # fmt: skip
         tick_id = self.journal.start_tick(now, self.rules.book.digest)
         expired = approvals.expire(self.journal, now)
         for p in expired:

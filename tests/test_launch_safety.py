@@ -121,3 +121,18 @@ def test_launches_on_their_way_count_while_the_listing_is_down(tmp_path: Path) -
 
 
 def _unused(*_: Any) -> None: ...
+
+
+def test_actions_a_crashed_run_left_unfinished_are_closed_and_decided_again(
+    tmp_path: Path,
+) -> None:
+    fleet = LateFleet(late=1)
+    c, journal, clock = controller(tmp_path, fleet)
+    run(c, clock, 3)
+    stale = journal.record(tick_id=None, now=clock[0], action="destroy", target="instance:1000",
+                           params={"instance": "1000"}, proposer="rule:x", reason="r",
+                           confidence=1, verdict="act", why="w", status="intent")  # fmt: skip
+    run(c, clock, 1)
+    [row] = [r for r in journal.actions(1000) if r["id"] == stale]
+    assert row["status"] == "interrupted" and "decide again" in row["result"]["note"]
+    assert journal.in_flight() == []
