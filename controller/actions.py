@@ -75,8 +75,6 @@ ActionName = Literal[
 
 # Actions that remove capacity or work: held when sensing is in doubt, counted by the destroy cap.
 DESTRUCTIVE = frozenset({"destroy", "replace", "reboot"})
-# Actions that cost money.
-SPENDING = frozenset({"launch", "scale_to", "replace"})
 
 
 class ActionError(ValueError):

@@ -21,7 +21,6 @@ import getpass
 import json
 import logging
 import sys
-import time
 from typing import Any
 
 from controller import actions as vocabulary
@@ -242,11 +241,6 @@ def _user() -> str:
         return getpass.getuser()
     except (KeyError, OSError):
         return "operator"
-
-
-def now() -> float:
-    """Wall clock for answers given from the CLI (the controller's own clock is passed in)."""
-    return time.time()
 
 
 __all__ = ["main", "read_rulebook"]

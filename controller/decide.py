@@ -21,7 +21,7 @@ from typing import Any, cast
 
 from controller import actions
 from controller.actions import DESTRUCTIVE, ActionName
-from controller.engine_types import MatchLike
+from controller.engine_types import Match
 from controller.expr import ExprError
 from controller.model import Decision, Proposal
 from controller.rulebook import Rulebook
@@ -68,7 +68,7 @@ def subject_of(fact: dict[str, Any]) -> str:
 
 
 def proposals_from(
-    matches: Sequence[MatchLike], facts: dict[str, dict[str, Any]], book: Rulebook,
+    matches: Sequence[Match], facts: dict[str, dict[str, Any]], book: Rulebook,
     settings: DecideSettings, now: float,
 ) -> tuple[list[Proposal], list[Doubt]]:  # fmt: skip
     """Step 1: one proposal per rule firing."""
@@ -111,7 +111,7 @@ def proposals_from(
     return out, doubts
 
 
-def unmatched(matches: Sequence[MatchLike], facts: dict[str, dict[str, Any]]) -> list[Doubt]:
+def unmatched(matches: Sequence[Match], facts: dict[str, dict[str, Any]]) -> list[Doubt]:
     """Step 2: facts outside `normal` that no rule claims, one doubt each."""
     abnormal = {fid for m in matches if m.abnormal_kind for fid in m.facts.values()}
     claimed = {fid for m in matches if m.rule for fid in m.facts.values()}
@@ -237,7 +237,7 @@ def gate(p: Proposal, settings: DecideSettings) -> Decision:
 
 
 def decide(
-    facts: Sequence[dict[str, Any]], matches: Sequence[MatchLike], book: Rulebook,
+    facts: Sequence[dict[str, Any]], matches: Sequence[Match], book: Rulebook,
     settings: DecideSettings, now: float, extra: Sequence[Proposal] = (),
 ) -> Decided:  # fmt: skip
     """Steps 1-5. `extra` holds proposals from elsewhere (approved answers, follow-ups)."""

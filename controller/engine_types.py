@@ -21,6 +21,3 @@ class Match:
     @property
     def abnormal_kind(self) -> str | None:
         return self.key[len(ABNORMAL) :] if self.key.startswith(ABNORMAL) else None
-
-
-MatchLike = Match

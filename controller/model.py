@@ -11,12 +11,6 @@ from typing import Any, Literal
 # Lifecycle stages an instance moves through (DOMAIN.md, the replaced manager's stages).
 STAGES = ("provisioning", "loading", "registered", "params", "bench", "running")
 
-# vast.ai `actual_status` values; `None` from the API is reported here as "provisioning".
-KNOWN_STATUSES = (
-    "provisioning", "created", "loading", "running", "stopped", "frozen",
-    "exited", "rebooting", "restarting", "unknown", "offline",
-)  # fmt: skip
-
 Health = Literal["up", "down", "unknown"]
 
 

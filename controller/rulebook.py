@@ -18,7 +18,6 @@ A rules file:
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import re
 from collections.abc import Iterable
@@ -430,7 +429,3 @@ def load_texts(files: Iterable[tuple[str, str]]) -> Rulebook:
         digest.hexdigest()[:12],
         definition(rules, frozen_normal),
     )
-
-
-def canonical(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, default=str)

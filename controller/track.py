@@ -52,7 +52,6 @@ class History:
     last_acted: dict[str, float] = field(default_factory=dict)  # "action" or "action:target"
     replacing: frozenset[str] = frozenset()  # new instances that replace another
     retiring: frozenset[str] = frozenset()  # old instances waiting for their replacement
-    actions_this_hour: tuple[tuple[float, str], ...] = ()  # (at, action) for budgets
     pending_launches: int = 0  # launched, not yet in the listing: capacity on its way
 
     def count(self, instance_id: str, kind: str, since: float) -> int:

@@ -4,7 +4,6 @@ are confirmed by their label; a failed or empty listing launches nothing."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from controller.app import decide_settings
 from controller.config import Config
@@ -118,9 +117,6 @@ def test_launches_on_their_way_count_while_the_listing_is_down(tmp_path: Path) -
     fleet.fail_listing = False
     run(c, clock, 3)
     assert len(fleet.creates) == 4  # still invisible, still counted as on their way
-
-
-def _unused(*_: Any) -> None: ...
 
 
 def test_actions_a_crashed_run_left_unfinished_are_closed_and_decided_again(
