@@ -107,6 +107,9 @@ def build(
     seed: int | None = None,
     rules: list[str] | None = None,
 ) -> App:
+    # urllib3 logs request paths at DEBUG, and a webhook's path is a secret: whoever embeds
+    # the controller with DEBUG logging must not leak it
+    logging.getLogger("urllib3").setLevel(max(logging.getLogger("urllib3").level, logging.WARNING))
     journal = Journal(state / "journal.db")
     source = RulesSource(rules_paths(config, rules))
     renderer = Renderer(config.escalation.templates_dir)
