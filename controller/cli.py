@@ -11,6 +11,7 @@ fleetgate [--config FILE] [--state DIR] COMMAND
   status [--json]
   llm-check [--threshold R]    probe the configured LLM; exit 1 below the threshold
   bench sim [--ticks N] [--seed S]   time whole ticks on the simulator
+  bench tick [--instances N,N] [--repeat N]   one tick's phases on synthetic fleets
   pause | resume
 """
 
@@ -106,6 +107,20 @@ def _parser() -> argparse.ArgumentParser:
     bsim.add_argument("--ticks", type=int, default=400)
     bsim.add_argument("--seed", type=int, default=7)
     bsim.add_argument("--json", action="store_true")
+    btick = bench_sub.add_parser("tick", help="one tick's phases on synthetic fleets of N")
+    btick.add_argument(
+        "--instances",
+        default="10,100,1000,10000",
+        metavar="N,N,...",
+        help="fleet sizes (default: 10,100,1000,10000)",
+    )
+    btick.add_argument(
+        "--repeat",
+        type=int,
+        default=5,
+        help="measured ticks per size (at most 3 from 10,000 instances)",
+    )
+    btick.add_argument("--json", action="store_true")
     check_llm = sub.add_parser("llm-check", help="probe the configured LLM's tool calling")
     check_llm.add_argument(
         "--threshold",
@@ -168,6 +183,17 @@ def _dispatch(args: argparse.Namespace) -> int:
     state = state_dir(config, args.state)
     if args.command == "check":
         return commands.check(args, config)
+    if args.command == "bench" and args.bench_command == "tick":
+        from controller.bench_tick import bench_tick, parse_sizes, render_tick
+
+        try:
+            sizes = parse_sizes(args.instances)
+        except ValueError as exc:
+            print(f"fleetgate: {exc}", file=sys.stderr)
+            return 2
+        doc = bench_tick(config, sizes, max(args.repeat, 1))
+        _emit(doc) if args.json else print(render_tick(doc))
+        return 0
     if args.command == "bench":
         from controller.bench import bench_sim, render
 
