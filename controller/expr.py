@@ -6,6 +6,7 @@ a string with `{{` elsewhere renders to a string; anything else is a literal. Pu
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -33,12 +34,23 @@ class Expr:
         try:
             whole = _WHOLE.match(self.source)
             if whole and "}}" not in whole.group(1):
-                return _ENV.compile_expression(whole.group(1), undefined_to_none=False)(context)
-            return _ENV.from_string(self.source).render(context)
+                return _expression(whole.group(1))(context)
+            return _template(self.source).render(context)
         except jinja2.TemplateError as exc:
             raise ExprError(f"{self.source!r}: {exc}") from exc
         except (TypeError, ValueError, ZeroDivisionError, ArithmeticError) as exc:
             raise ExprError(f"{self.source!r}: {type(exc).__name__}: {exc}") from exc
+
+
+@functools.lru_cache(maxsize=2048)
+def _expression(source: str) -> Any:
+    """Compiled once per distinct expression (a rule's parameters evaluate every tick)."""
+    return _ENV.compile_expression(source, undefined_to_none=False)
+
+
+@functools.lru_cache(maxsize=2048)
+def _template(source: str) -> jinja2.Template:
+    return _ENV.from_string(source)
 
 
 def compile_expr(value: Any) -> Expr:

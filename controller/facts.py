@@ -77,18 +77,18 @@ def _instance_fact(inst: Any, hist: History, now: float) -> dict[str, Any]:
 
 def fleet_fact(obs: Observation, hist: History, now: float) -> dict[str, Any]:
     inst = obs.instances
-    dead = [i for i in inst if i.status in DEAD_STATUSES]
-    serving = [i for i in inst if i.stage == "running" and i.status == "running"]
+    dead = {i.id for i in inst if i.status in DEAD_STATUSES}
+    serving = sum(1 for i in inst if i.stage == "running" and i.status == "running")
     total = next((d for d in obs.demand if d.task == "all"), None)
     return {
         "kind": "fleet",
         "id": "fleet",
         "instances": len(inst),
-        "active": sum(1 for i in inst if i.id not in hist.retiring and i not in dead)
+        "active": sum(1 for i in inst if i.id not in hist.retiring and i.id not in dead)
         + hist.pending_launches,
         "pending_launches": hist.pending_launches,
-        "serving": len(serving),
-        "booting": sum(1 for i in inst if i.stage != "running" and i not in dead),
+        "serving": serving,
+        "booting": sum(1 for i in inst if i.stage != "running" and i.id not in dead),
         "dead": len(dead),
         "drained": sum(1 for i in inst if i.drained),
         "spend_per_h": round(sum(i.dph for i in inst), 4),

@@ -14,7 +14,6 @@ import sqlite3
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -326,7 +325,7 @@ class Journal:
             db.execute("DELETE FROM tracks")
             db.executemany(
                 "INSERT INTO tracks(id, data) VALUES (?, ?)",
-                [(k, _dumps(asdict(t))) for k, t in tracks.items()],
+                [(k, _dumps(vars(t))) for k, t in tracks.items()],  # plain fields only
             )
             db.executemany(
                 "INSERT INTO events(instance_id, at, kind, detail) VALUES (?, ?, ?, ?)",
