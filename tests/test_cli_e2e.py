@@ -193,10 +193,21 @@ def test_stale_escalations_resolve_and_dedup_holds_while_pending(run400: tuple[P
             assert e["subject"].split(":")[1] in live, f"stale pending escalation {e['id']}"
 
 
+def finished_ticks(db: Path) -> int:
+    """Ticks recorded as finished; 0 while the journal is still being created."""
+    try:
+        with sqlite3.connect(db) as conn:
+            row = conn.execute("SELECT COUNT(*) FROM ticks WHERE finished_at IS NOT NULL")
+            return int(row.fetchone()[0])
+    except sqlite3.Error:
+        return 0
+
+
 def test_sigterm_finishes_the_current_tick_and_exits_cleanly(tmp_path: Path) -> None:
     cfg = tmp_path / "slow.yaml"
     cfg.write_text("interval_s: 0.5\n")
     state = tmp_path / "s"
+    db_path = state / "journal.db"
     proc = subprocess.Popen(
         [*FLEETGATE, "--config", str(cfg), "--state", str(state), "run"],
         cwd=ROOT,
@@ -204,28 +215,21 @@ def test_sigterm_finishes_the_current_tick_and_exits_cleanly(tmp_path: Path) -> 
         stderr=subprocess.PIPE,
         text=True,
     )
-    db_path = state / "journal.db"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if (
-            db_path.exists()
-            and sqlite3.connect(db_path)
-            .execute("SELECT COUNT(*) FROM ticks WHERE finished_at IS NOT NULL")
-            .fetchone()[0]
-            >= 2
-        ):
-            break
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    try:
+        deadline = time.monotonic() + 60
+        while finished_ticks(db_path) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # never leave the process (and its pipes) behind
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 0, err[-1000:]
     assert "SIGTERM: finishing the current tick" in err and "stopped after" in err
-    unfinished = (
-        sqlite3.connect(db_path)
-        .execute("SELECT COUNT(*) FROM ticks WHERE finished_at IS NULL")
-        .fetchone()[0]
-    )
-    assert unfinished == 0
+    with sqlite3.connect(db_path) as conn:
+        unfinished = conn.execute("SELECT COUNT(*) FROM ticks WHERE finished_at IS NULL")
+        assert unfinished.fetchone()[0] == 0
 
 
 def test_without_a_config_the_embedded_default_runs(tmp_path: Path) -> None:
