@@ -12,6 +12,7 @@ import pytest
 from controller.engine import Engine
 from controller.rulebook import Rulebook, load_texts
 from controller.ruletest import DEFAULTS
+from escalation.render import iso8601
 
 
 def book_of(text: str, path: str = "rules/test.yaml") -> Rulebook:
@@ -53,3 +54,45 @@ def cases(paths: Sequence[Path]) -> list[Any]:
         marks = [pytest.mark.xfail(strict=True, reason=known_bug[1])] if known_bug else []
         out.append(pytest.param(path, id=path.stem, marks=marks))
     return out
+
+
+# The sample escalation both the template tests and the channel tests use.
+RAISED_AT = 1_714_564_800.0  # 2024-05-01T12:00:00Z: rendered text is the same on every run
+
+
+def sample_esc(now: float = RAISED_AT, **changes: Any) -> dict[str, Any]:
+    """A typical escalation as templates and channels receive it, raised at `now`, due in 30 min."""
+    esc: dict[str, Any] = {
+        "id": 12,
+        "kind": "unmatched",
+        "subject": "instance:10007",
+        "summary": "Instance 10007 is frozen and no rule covers it.",
+        "fingerprint": "1a2b3c4d5e6f7a8b",
+        "created_at_iso": iso8601(now),
+        "deadline_iso": iso8601(now + 1800),
+        "default_action": {"action": "hold", "params": {"reason": "nobody answered"}},
+        "proposals": [
+            {
+                "action": "replace_instance",
+                "params": {"instance": "10007"},
+                "proposer": "llm:qwen",
+                "confidence": 0.42,
+                "reason": "frozen for 20 min after a reboot",
+            }
+        ],
+        "facts": [{"type": "instance", "id": "10007", "status": "frozen", "label": "fg a1"}],
+        "recent_actions": [
+            {
+                "at": now,
+                "action": "reboot",
+                "params": {"instance": "10007"},
+                "status": "ok",
+                "proposer": "rule:frozen-reboot",
+            }
+        ],
+        "fleet": {"running": 10, "frozen": 1, "spend_per_h": 4.5, "pending_tasks": 30},
+        "budget": {"spend_left_per_h": 5.5, "launches_left_1h": 3},
+        "allowed_actions": ["hold", "reboot", "replace_instance"],
+    }
+    esc.update(changes)
+    return esc
