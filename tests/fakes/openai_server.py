@@ -24,12 +24,12 @@ from __future__ import annotations
 import json
 import re
 import socket
-import sys
 import threading
 from collections import deque
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
+
+from fakes.base import QuietHandler, RecordingServer
 
 Default = Literal["escalate", "never_tools", "smart"]
 
@@ -177,22 +177,12 @@ class FakeOpenAI:
                 "total_tokens": total}  # fmt: skip
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = False  # server_close() waits for handlers (delays end when stopping)
-    block_on_close = True
+class _Server(RecordingServer):
     fake: FakeOpenAI
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        error = sys.exc_info()[1]
-        if error is not None:
-            self.fake.errors.append(error)
 
-
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     server: _Server
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
-        pass
 
     def do_GET(self) -> None:
         fake = self.server.fake

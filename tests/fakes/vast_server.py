@@ -40,14 +40,14 @@ import base64
 import binascii
 import json
 import re
-import sys
 import threading
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from fakes.base import QuietHandler, RecordingServer
 
 EPOCH = 1_700_000_000.0  # start_date of an instance created at virtual time 0
 _SEARCH_KEYS = ("order", "type", "limit", "allocated_storage", "disable_bundling")
@@ -413,22 +413,12 @@ _ROUTES = (
 )
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = False
-    block_on_close = True
+class _Server(RecordingServer):
     fake: FakeVast
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        error = sys.exc_info()[1]
-        if error is not None:
-            self.fake.errors.append(error)
 
-
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     server: _Server
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
-        pass
 
     def do_GET(self) -> None:
         self._handle("GET")
