@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controller import wiring
+from controller import lease, wiring
 from controller.config import Config, rules_paths
 from controller.journal import Journal
 from controller.loop import Controller
@@ -110,7 +110,7 @@ def build(
     # urllib3 logs request paths at DEBUG, and a webhook's path is a secret: whoever embeds
     # the controller with DEBUG logging must not leak it
     logging.getLogger("urllib3").setLevel(max(logging.getLogger("urllib3").level, logging.WARNING))
-    journal = Journal(state / "journal.db")
+    journal = wiring.open_journal(config, state)
     source = RulesSource(rules_paths(config, rules))
     renderer = Renderer(config.escalation.templates_dir)
     escalator = Escalator(
@@ -178,5 +178,6 @@ def status(app: App) -> dict[str, Any]:
         else round(sum(i.dph for i in app.sim.provider.list_instances()), 4),  # fmt: skip
         "demand": demand,
         "pending_escalations": len(j.escalations(status="pending")),
+        "leader": lease.read(j).as_dict(),
         "sim": app.sim.stats if app.sim else None,
     }

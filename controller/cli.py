@@ -12,6 +12,7 @@ fleetgate [--config FILE] [--state DIR] COMMAND
   llm-check [--threshold R]    probe the configured LLM; exit 1 below the threshold
   bench sim [--ticks N] [--seed S]   time whole ticks on the simulator
   bench tick [--instances N,N] [--repeat N]   one tick's phases on synthetic fleets
+  simulate --trace FILE [--days N] [--report DIR]   replay a trace: fleetgate vs baselines
   pause | resume
 """
 
@@ -25,12 +26,14 @@ import sys
 from typing import Any
 
 from controller import actions as vocabulary
+from controller import wiring
 from controller.app import App, build, status
 from controller.config import ConfigError, load_config, rules_paths, state_dir
 from controller.rulebook import RulesError
 from controller.rules_source import read_rulebook
 from controller.schedule import Runner
 from controller.secrets import Redactor
+from controller.simulate import command as simulate_command
 from escalation import approvals
 
 log = logging.getLogger("fleetgate")
@@ -127,6 +130,7 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         help="share of probes that must pass (default: escalation.llm.check_threshold)",
     )
+    simulate_command.add_parser(sub)
     sub.add_parser("pause", help="stop acting (decisions are still made and recorded)")
     sub.add_parser("resume", help="act again")
     return p
@@ -179,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     from controller import commands  # the command bodies
 
+    if args.command == "simulate":
+        return simulate_command.simulate(args)
     config = load_config(args.config)
     state = state_dir(config, args.state)
     if args.command == "check":
@@ -216,7 +222,9 @@ def _with_app(app: App, args: argparse.Namespace) -> int:
     if cmd == "run":
         api = app.serve_api()
         runner = Runner(app.controller.tick, app.config.interval_s, args.ticks,
-                        on_hup=app.controller.rules.force)  # fmt: skip
+                        on_hup=app.controller.rules.force,
+                        lease=wiring.lease(app.config, app.journal),
+                        renew_s=app.config.lease.renew_s)  # fmt: skip
         log.info(
             "fleetgate running: %s, rules %s, every %.2fs%s",
             app.config.provider,
@@ -234,8 +242,7 @@ def _with_app(app: App, args: argparse.Namespace) -> int:
     if cmd == "llm-check":
         return commands.llm_check(app, args.threshold)
     if cmd == "tick":
-        app.controller.tick()
-        return 0
+        return commands.tick_once(app)
     if cmd == "explain":
         return commands.explain(app, args.json)
     if cmd == "actions":

@@ -216,6 +216,30 @@ def print_status(st: dict[str, Any]) -> None:
     }
     print(f"demand: {_brief(queue)}")
     print(f"pending escalations: {st['pending_escalations']}")
+    lead = st["leader"]
+    if lead["live"]:
+        print(f"leader: {lead['holder']} (token {lead['token']}, lease "
+              f"{lead['expires_in_s']:.0f} s left)")  # fmt: skip
+    else:
+        print("leader: none" + (f" (last {lead['holder']}, token {lead['token']})"
+                                if lead["holder"] else ""))  # fmt: skip
+
+
+def tick_once(app: App) -> int:
+    """`fleetgate tick` (cron): one tick, only if no other controller leads; then let go."""
+    from controller.lease import read
+
+    lease = wiring.lease(app.config, app.journal)
+    if not lease.renew():
+        st = read(app.journal, lease.name)
+        print(f"fleetgate: {st.holder} leads (token {st.token}, {st.expires_in_s:.0f} s left): "
+              "not ticking", file=sys.stderr)  # fmt: skip
+        return 0
+    try:
+        app.controller.tick()
+    finally:
+        lease.release()
+    return 0
 
 
 def llm_check(app: App, threshold: float | None) -> int:

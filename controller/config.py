@@ -199,6 +199,32 @@ class InstancesSection(_Strict):
     )
 
 
+class JournalSection(_Strict):
+    """The journal on PostgreSQL (or YugabyteDB) instead of SQLite in the state directory."""
+
+    dsn: SecretRef = Field(description="libpq connection string or URI, from env or file")
+    schema_name: str = Field("fleetgate", min_length=1, max_length=63,
+                             description="the schema fleetgate's tables live in")  # fmt: skip
+    connect_timeout_s: int = Field(5, ge=2, description="libpq rounds lower values up to 2")
+
+
+class LeaseSection(_Strict):
+    """The leader lease: of the controllers sharing one journal, one acts."""
+
+    ttl_s: float = Field(15, gt=0, description="a dead leader is replaced within this")
+    renew_s: float = Field(5, gt=0, description="how often the leader renews (standbys poll)")
+    margin_s: float = Field(2, ge=0, description="the leader stops acting with this little left")
+    holder: str | None = Field(None, description="this controller's name (default host:pid)")
+
+    @model_validator(mode="after")
+    def _timing(self) -> LeaseSection:
+        if not self.margin_s + self.renew_s < self.ttl_s:
+            raise ValueError(f"lease: renew_s + margin_s ({self.renew_s} + {self.margin_s}) "
+                             f"must be below ttl_s ({self.ttl_s}), or the leader lapses "
+                             "between renewals")  # fmt: skip
+        return self
+
+
 class Config(_Strict):
     interval_s: float = Field(
         0.1, gt=0, description="real seconds between ticks (the default suits the simulator)"
@@ -218,6 +244,8 @@ class Config(_Strict):
     )
     escalation: EscalationSection = EscalationSection()
     api: ApiSection | None = None
+    journal: JournalSection | None = Field(None, description="absent: SQLite in the state dir")
+    lease: LeaseSection = LeaseSection()
 
     @model_validator(mode="after")
     def _sections_for_choices(self) -> Config:

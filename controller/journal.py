@@ -1,23 +1,24 @@
-"""The journal: everything the controller did and remembers, in SQLite.
+"""The journal: everything the controller did and remembers, in SQLite or PostgreSQL.
 
 Ticks; actions (intent written before acting, result after, who proposed it and why);
 escalations and their deliveries; per-instance tracks and events (stage changes, deaths,
 restarts); hosts (benchmark rates, failures, blocks); replacements in flight; a small key/value
-store (pause switch, simulator state). One connection, guarded by a lock; WAL mode so readers
-(`fleetgate actions`) do not block a running controller.
+store (pause switch, simulator state); the leader lease (controller/lease.py). The SQL is
+written once, portable; `controller/store.py` runs it on either database.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
-import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from controller.store import JournalError, SQLiteStore, StaleLeader, Store, Tx, statements
 from controller.track import Event, History, Track
+
+__all__ = ["Journal", "JournalError", "StaleLeader"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS ticks (
@@ -71,52 +72,47 @@ CREATE TABLE IF NOT EXISTS rule_reloads (
 );
 CREATE TABLE IF NOT EXISTS llm_usage (id INTEGER PRIMARY KEY, at REAL NOT NULL, tokens INTEGER);
 CREATE INDEX IF NOT EXISTS llm_usage_at ON llm_usage(at);
+CREATE TABLE IF NOT EXISTS leases (
+  name TEXT PRIMARY KEY, holder TEXT NOT NULL, token INTEGER NOT NULL, acquired_at REAL NOT NULL,
+  expires_at REAL NOT NULL
+);
 """
 
 HISTORY_WINDOW_S = 3 * 3600
-
-
-def _row(cur: sqlite3.Cursor, row: tuple[Any, ...]) -> dict[str, Any]:
-    return {d[0]: v for d, v in zip(cur.description, row, strict=True)}
 
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-class Journal:
-    """SQLite store. All methods are safe to call from the scheduler and the CLI."""
+class Fence:
+    """The lease an acting controller holds: every action it records must still match it."""
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.RLock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._db.row_factory = _row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA busy_timeout=5000")
-        self._db.executescript(SCHEMA)
+    def __init__(self, name: str, holder: str, token: int) -> None:
+        self.name, self.holder, self.token = name, holder, token
+
+
+class Journal:
+    """The store behind every record. All methods are safe from the scheduler and the CLI."""
+
+    def __init__(self, where: str | Path | Store) -> None:
+        self.store: Store = SQLiteStore(where) if isinstance(where, str | Path) else where
+        self.path: Path | None = getattr(self.store, "path", None)
+        self.fence: Fence | None = None  # set while this process leads (controller/lease.py)
+        self.store.create(statements(SCHEMA))
+        self.store.add_column("actions", "token", "INTEGER")
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self.store.close()
 
     @contextmanager
-    def tx(self) -> Iterator[sqlite3.Connection]:
+    def tx(self) -> Iterator[Tx]:
         """One atomic transaction."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with self.store.tx() as db:
+            yield db
 
     def _all(self, sql: str, args: Iterable[Any] = ()) -> list[dict[str, Any]]:
-        with self._lock:
-            return list(self._db.execute(sql, tuple(args)).fetchall())
+        return self.store.query(sql, tuple(args))
 
     def _one(self, sql: str, args: Iterable[Any] = ()) -> dict[str, Any] | None:
         rows = self._all(sql, args)
@@ -138,8 +134,7 @@ class Journal:
     # ---- ticks -----------------------------------------------------------------------------
     def start_tick(self, now: float, rules: str) -> int:
         with self.tx() as db:
-            cur = db.execute("INSERT INTO ticks(started_at, rules) VALUES (?, ?)", (now, rules))
-            return int(cur.lastrowid or 0)
+            return db.insert("INSERT INTO ticks(started_at, rules) VALUES (?, ?)", (now, rules))
 
     def finish_tick(self, tick_id: int, now: float, summary: dict[str, Any]) -> None:
         with self.tx() as db:
@@ -178,12 +173,17 @@ class Journal:
         escalation_id: int | None = None,
         parent_id: int | None = None,
     ) -> int:
-        """Write one decision. For `act`, status is `intent`: written before the provider call."""
+        """Write one decision. For `act`, status is `intent`: written before the provider call.
+
+        While this process leads (`fence` set), an action to execute is written only if the
+        lease is still this process's and unexpired, by the store's clock, in the same
+        transaction; otherwise `StaleLeader` and nothing is written or done."""
         with self.tx() as db:
-            cur = db.execute(
+            token = self._check_fence(db) if verdict == "act" else None
+            return db.insert(
                 "INSERT INTO actions(tick_id, at, action, target, params, proposer, reason, "
-                "confidence, verdict, why, guard, status, key, escalation_id, parent_id) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "confidence, verdict, why, guard, status, key, escalation_id, parent_id, token) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     tick_id,
                     now,
@@ -200,9 +200,28 @@ class Journal:
                     key,
                     escalation_id,
                     parent_id,
+                    token,
                 ),
             )
-            return int(cur.lastrowid or 0)
+
+    def _check_fence(self, db: Tx) -> int | None:
+        fence = self.fence
+        if fence is None:
+            return None
+        row = db.execute(
+            "SELECT holder, token, expires_at FROM leases WHERE name = ?" + db.lock_rows,
+            (fence.name,),
+        ).fetchone()
+        now = db.clock()
+        if row is None or int(row["token"]) != fence.token or row["holder"] != fence.holder:
+            held = f"{row['holder']} (token {row['token']})" if row else "nobody"
+            raise StaleLeader(f"lease {fence.name!r} is held by {held}, not by {fence.holder} "
+                              f"(token {fence.token}): action refused")  # fmt: skip
+        if float(row["expires_at"]) <= now:
+            raise StaleLeader(f"lease {fence.name!r} of {fence.holder} (token {fence.token}) "
+                              f"expired {now - float(row['expires_at']):.1f} s ago: "
+                              "action refused")  # fmt: skip
+        return fence.token
 
     def finish(self, action_id: int, now: float, status: str, result: dict[str, Any]) -> None:
         with self.tx() as db:
@@ -252,7 +271,7 @@ class Journal:
         default_action: dict[str, Any],
     ) -> int:
         with self.tx() as db:
-            cur = db.execute(
+            return db.insert(
                 "INSERT INTO escalations(fingerprint, kind, subject, summary, created_at, "
                 "deadline, "
                 "status, situation, default_action) VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?)",
@@ -267,7 +286,6 @@ class Journal:
                     _dumps(default_action),
                 ),
             )
-            return int(cur.lastrowid or 0)
 
     def escalations(self, status: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
         where, args = ("WHERE status = ?", [status]) if status else ("", [])
@@ -365,8 +383,10 @@ class Journal:
     ) -> None:
         with self.tx() as db:
             db.execute(
-                "INSERT OR REPLACE INTO replacements(old_id, new_label, created_at, deadline, "
-                "state, action_id) VALUES (?, ?, ?, ?, 'waiting', ?)",
+                "INSERT INTO replacements(old_id, new_label, created_at, deadline, state, "
+                "action_id) VALUES (?, ?, ?, ?, 'waiting', ?) ON CONFLICT(old_id) DO UPDATE SET "
+                "new_label = excluded.new_label, new_id = NULL, created_at = excluded.created_at, "
+                "deadline = excluded.deadline, state = 'waiting', action_id = excluded.action_id",
                 (old_id, new_label, now, deadline, action_id),
             )
 
@@ -400,8 +420,8 @@ class Journal:
             (since,),
         )
         launches = self._all(
-            "SELECT at FROM actions WHERE action = 'launch' AND "
-            "parent_id IS NOT NULL AND status IN ('ok', 'intent') AND at >= ?",
+            "SELECT at FROM actions WHERE action = 'launch' AND "  # an unknown outcome may bill
+            "parent_id IS NOT NULL AND status IN ('ok', 'intent', 'unknown') AND at >= ?",
             (since,),
         )
         waiting = self.replacements()
@@ -436,14 +456,13 @@ class Journal:
         routed: str = "",
     ) -> int:
         with self.tx() as db:
-            cur = db.execute(
+            return db.insert(
                 "INSERT INTO llm_calls(escalation_id, at, model, prompt_digest, status, action, "
                 "params, confidence, rationale, error, tokens, latency_ms, routed) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (escalation_id, now, model, prompt_digest, status, action,
                  _dumps(params) if params is not None else None, confidence, rationale, error,
                  tokens, latency_ms, routed))  # fmt: skip
-            return int(cur.lastrowid or 0)
 
     def llm_calls(self, escalation_id: int | None = None) -> list[dict[str, Any]]:
         where, args = ("WHERE escalation_id = ?", [escalation_id]) if escalation_id else ("", [])

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
 from controller.journal import Journal
+from controller.store import Tx
 
 LIFECYCLE_STAGES = ("registered", "params", "bench", "running")
 COMMANDS = ("restart_daemon",)
@@ -136,9 +136,7 @@ class LifecycleStore:
 
     def __init__(self, journal: Journal) -> None:
         self._j = journal
-        with journal.tx() as db:
-            for statement in SCHEMA:
-                db.execute(statement)
+        journal.store.create(SCHEMA)
 
     # ---- records ---------------------------------------------------------------------------
     def register(
@@ -158,10 +156,10 @@ class LifecycleStore:
                 "min_rate, registered_at, agent_version) "
                 "VALUES (?, ?, ?, 'registered', ?, ?, ?, ?) "
                 "ON CONFLICT(label) DO UPDATE SET "
-                "vast_id = COALESCE(excluded.vast_id, vast_id), "
-                "host_and_port = COALESCE(excluded.host_and_port, host_and_port), "
-                "min_rate = COALESCE(excluded.min_rate, min_rate), "
-                "agent_version = COALESCE(excluded.agent_version, agent_version)",
+                "vast_id = COALESCE(excluded.vast_id, instance_records.vast_id), "
+                "host_and_port = COALESCE(excluded.host_and_port, instance_records.host_and_port), "
+                "min_rate = COALESCE(excluded.min_rate, instance_records.min_rate), "
+                "agent_version = COALESCE(excluded.agent_version, instance_records.agent_version)",
                 (label, vast_id, host_and_port, now, min_rate, now, agent_version),
             )
         return self._require(label)
@@ -283,12 +281,11 @@ class LifecycleStore:
             ).fetchone()
             if open_:
                 return int(open_["id"])
-            cur = db.execute(
+            return db.insert(
                 "INSERT INTO instance_commands(label, command, created_at, deadline) "
                 "VALUES (?, ?, ?, ?)",
                 (label, command, now, now + deadline_s),
             )
-            return int(cur.lastrowid or 0)
 
     def overdue_commands(self, now: float) -> list[Command]:
         """Commands no heartbeat picked up before their deadline (and nobody completed)."""
@@ -350,7 +347,7 @@ class LifecycleStore:
         return [LogLine(r["at"], r["line"]) for r in rows[::-1]]
 
 
-def _require_in(db: sqlite3.Connection, label: str) -> None:
+def _require_in(db: Tx, label: str) -> None:
     if db.execute("SELECT 1 FROM instance_records WHERE label = ?", (label,)).fetchone() is None:
         raise UnknownInstance(f"no instance registered as {label!r}")
 

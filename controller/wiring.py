@@ -10,7 +10,7 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
 
@@ -21,6 +21,9 @@ from escalation.channels.base import Channel
 from escalation.channels.console import ConsoleChannel
 from escalation.channels.file import FileChannel
 from escalation.render import Renderer
+
+if TYPE_CHECKING:
+    from controller.lease import Lease
 
 log = logging.getLogger(__name__)
 
@@ -178,3 +181,22 @@ def real_fleet(
                       down_after_s=inst.health_down_after_s,
                       failures=journal.get(HEALTH_KEY) or {})  # fmt: skip
     return fleet, curio, store
+
+
+def open_journal(config: Config, state: Path) -> Journal:
+    """SQLite in the state directory, or the configured PostgreSQL schema."""
+    if config.journal is None:
+        return Journal(state / "journal.db")
+    from controller.store import PostgresStore
+
+    section = config.journal
+    dsn = _need(section.dsn, "journal.dsn")
+    return Journal(PostgresStore(dsn.get_secret_value(), section.schema_name,
+                                 section.connect_timeout_s))  # fmt: skip
+
+
+def lease(config: Config, journal: Journal) -> Lease:
+    from controller.lease import Lease
+
+    return Lease(journal, config.lease.holder, ttl_s=config.lease.ttl_s,
+                 margin_s=config.lease.margin_s)  # fmt: skip

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Sequence
+import secrets
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from controller.engine import Engine
+from controller.journal import Journal
 from controller.rulebook import Rulebook, load_texts
 from controller.ruletest import DEFAULTS
+from controller.store import JournalError, PostgresStore
 from escalation.render import iso8601
 
 
@@ -96,3 +101,35 @@ def sample_esc(now: float = RAISED_AT, **changes: Any) -> dict[str, Any]:
     }
     esc.update(changes)
     return esc
+
+
+# The journal's two backends. PostgreSQL comes from FLEETGATE_TEST_PG_DSN (default: the local
+# trust-auth server); each journal gets a schema of its own, dropped afterwards.
+PG_DSN = os.environ.get(
+    "FLEETGATE_TEST_PG_DSN", "host=127.0.0.1 port=5432 dbname=test user=postgres"
+)
+
+
+def pg_store(schema: str | None = None) -> PostgresStore:
+    try:
+        return PostgresStore(PG_DSN, schema or f"fg_test_{secrets.token_hex(6)}")
+    except JournalError as exc:
+        pytest.fail(f"test PostgreSQL unreachable at {PG_DSN!r} ({exc}); start it or point "
+                    "FLEETGATE_TEST_PG_DSN at one", pytrace=False)  # fmt: skip
+
+
+@contextmanager
+def journal_on(kind: str, tmp_path: Path) -> Iterator[Journal]:
+    """A fresh journal on `kind` ("sqlite" or "postgres"), removed afterwards."""
+    if kind == "sqlite":
+        j = Journal(tmp_path / "journal.db")
+        yield j
+        j.close()
+        return
+    store = pg_store()
+    j = Journal(store)
+    try:
+        yield j
+    finally:
+        store.drop()
+        store.close()

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import requests
 from pydantic import SecretStr
+from support import journal_on
 
 from controller.api import Server, create_app
 from controller.instance_api import MAX_BODY_BYTES, MAX_PUSH_LINES, instance_router
@@ -28,13 +29,10 @@ FLEET = "fleet-token-for-instances"
 OPERATOR = "operator-answer-token"
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[LifecycleStore]:
-    journal = Journal(tmp_path / "j.db")
-    try:
+@pytest.fixture(params=["sqlite", "postgres"])  # the store's contract holds on both backends
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LifecycleStore]:
+    with journal_on(request.param, tmp_path) as journal:
         yield LifecycleStore(journal)
-    finally:
-        journal.close()
 
 
 # ---- the store ---------------------------------------------------------------------------------

@@ -74,10 +74,7 @@ def test_sighup_rereads_the_rules(tmp_path: Path) -> None:
     try:
         db = state / "journal.db"
         deadline = time.monotonic() + 60
-        while (
-            not db.exists()
-            or not sqlite3.connect(db).execute("SELECT COUNT(*) FROM ticks").fetchone()[0]
-        ):
+        while not db.exists() or not count(db, "ticks"):
             assert time.monotonic() < deadline, "no tick"
             time.sleep(0.1)
         # same size and mtime: only SIGHUP makes it look again

@@ -1,0 +1,300 @@
+"""Where the journal lives: SQLite (one file, the default) or PostgreSQL (shared, for HA).
+
+One small interface, two backends. The journal and the lifecycle store write one portable SQL:
+`?` placeholders, `INSERT ... ON CONFLICT ... DO UPDATE`, `INTEGER PRIMARY KEY` ids, `REAL`
+times. The PostgreSQL backend translates placeholders and column types once per statement
+(`REAL` becomes `DOUBLE PRECISION`: a float4 time would be wrong by minutes). Rows come back
+as dicts. Every database error leaves as a `JournalError`, a duplicate key as `DuplicateKey`,
+and neither names a password.
+
+PostgreSQL also means Curio's own YugabyteDB (its YSQL API speaks the same protocol). The
+tables go in their own schema (`fleetgate` unless configured), created on first use under an
+advisory lock so that controllers starting together do not race.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Protocol
+
+import psycopg
+from psycopg import sql as pgsql
+from psycopg.rows import dict_row
+
+Row = dict[str, Any]
+
+
+class JournalError(Exception):
+    """The journal's database failed; the message names the store, never a password."""
+
+
+class DuplicateKey(JournalError):
+    """A row with this unique key (a launch label, say) already exists."""
+
+
+class StaleLeader(JournalError):
+    """An action from a controller whose lease expired or was taken over: refused."""
+
+
+class Result:
+    """What one statement returned: its rows (dicts) and how many rows it changed."""
+
+    def __init__(self, rows: list[Row], rowcount: int) -> None:
+        self.rows, self.rowcount = rows, rowcount
+
+    def fetchone(self) -> Row | None:
+        return self.rows[0] if self.rows else None
+
+    def fetchall(self) -> list[Row]:
+        return self.rows
+
+
+class Tx(Protocol):
+    """One open transaction."""
+
+    lock_rows: str  # appended to a SELECT that must lock what it read (" FOR UPDATE" or "")
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> Result: ...
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None: ...
+    def insert(self, sql: str, args: Sequence[Any] = ()) -> int:
+        """Run an INSERT into a table with an `id INTEGER PRIMARY KEY`; the new id."""
+        ...
+
+    def clock(self) -> float:
+        """The store's own clock (epoch seconds): one clock for every controller sharing it."""
+        ...
+
+
+class Store(Protocol):
+    kind: str  # "sqlite" | "postgres"
+    where: str  # for messages: a path, or host/database/schema (never a password)
+
+    def tx(self) -> AbstractContextManager[Tx]: ...
+    def query(self, sql: str, args: Sequence[Any] = ()) -> list[Row]: ...
+    def create(self, ddl: Sequence[str]) -> None: ...
+    def add_column(self, table: str, column: str, decl: str) -> None: ...
+    def close(self) -> None: ...
+
+
+def statements(script: str) -> list[str]:
+    return [s.strip() for s in script.split(";") if s.strip()]
+
+
+# ---- SQLite ------------------------------------------------------------------------------------
+
+
+def _dict_row(cur: sqlite3.Cursor, row: tuple[Any, ...]) -> Row:
+    return {d[0]: v for d, v in zip(cur.description, row, strict=True)}
+
+
+class _SQLiteTx:
+    lock_rows = ""  # BEGIN IMMEDIATE already holds the write lock
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> Result:
+        with _sqlite_errors("journal"):
+            cur = self._db.execute(sql, tuple(args))
+            return Result(cur.fetchall(), cur.rowcount)
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        with _sqlite_errors("journal"):
+            self._db.executemany(sql, rows)
+
+    def insert(self, sql: str, args: Sequence[Any] = ()) -> int:
+        with _sqlite_errors("journal"):
+            return int(self._db.execute(sql, tuple(args)).lastrowid or 0)
+
+    def clock(self) -> float:
+        return time.time()
+
+
+@contextmanager
+def _sqlite_errors(where: str) -> Iterator[None]:
+    try:
+        yield
+    except sqlite3.IntegrityError as exc:
+        if "UNIQUE" in str(exc):
+            raise DuplicateKey(f"journal ({where}): {exc}") from exc
+        raise JournalError(f"journal ({where}): {exc}") from exc
+    except sqlite3.Error as exc:
+        raise JournalError(f"journal ({where}): {type(exc).__name__}: {exc}") from exc
+
+
+class SQLiteStore:
+    """One file; one connection guarded by a lock; WAL so readers never block the controller."""
+
+    kind = "sqlite"
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.where = str(self.path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        with _sqlite_errors(self.where):
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._db.row_factory = _dict_row
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA busy_timeout=5000")
+
+    @contextmanager
+    def tx(self) -> Iterator[Tx]:
+        with self._lock:
+            with _sqlite_errors(self.where):
+                self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield _SQLiteTx(self._db)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            with _sqlite_errors(self.where):
+                self._db.execute("COMMIT")
+
+    def query(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
+        with self._lock, _sqlite_errors(self.where):
+            return list(self._db.execute(sql, tuple(args)).fetchall())
+
+    def create(self, ddl: Sequence[str]) -> None:
+        with self.tx() as db:
+            for statement in ddl:
+                db.execute(statement)
+
+    def add_column(self, table: str, column: str, decl: str) -> None:
+        names = {r["name"] for r in self.query(f"PRAGMA table_info({table})")}
+        if column not in names:
+            with self.tx() as db:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+# ---- PostgreSQL --------------------------------------------------------------------------------
+
+_TYPES = (
+    (re.compile(r"\bINTEGER PRIMARY KEY\b"), "BIGSERIAL PRIMARY KEY"),
+    (re.compile(r"\bINTEGER\b"), "BIGINT"),
+    (re.compile(r"\bREAL\b"), "DOUBLE PRECISION"),
+)
+
+
+@lru_cache(maxsize=512)
+def pg_sql(statement: str) -> str:
+    """The PostgreSQL spelling of one portable statement."""
+    if "%" in statement:
+        raise ValueError(f"journal SQL must not contain '%': {statement[:80]!r}")
+    for pattern, replacement in _TYPES:
+        statement = pattern.sub(replacement, statement)
+    return statement.replace("?", "%s")
+
+
+class _PgTx:
+    lock_rows = " FOR UPDATE"
+
+    def __init__(self, conn: psycopg.Connection[Row], where: str) -> None:
+        self._conn, self._where = conn, where
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> Result:
+        with _pg_errors(self._where):
+            cur = self._conn.execute(pg_sql(sql), tuple(args))
+            rows = cur.fetchall() if cur.description else []
+            return Result(rows, cur.rowcount)
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        with _pg_errors(self._where), self._conn.cursor() as cur:
+            cur.executemany(pg_sql(sql), [tuple(r) for r in rows])
+
+    def insert(self, sql: str, args: Sequence[Any] = ()) -> int:
+        row = self.execute(sql + " RETURNING id", args).fetchone()
+        return int(row["id"]) if row else 0
+
+    def clock(self) -> float:
+        row = self.execute("SELECT extract(epoch FROM clock_timestamp())::float8 AS t").fetchone()
+        return float(row["t"]) if row else time.time()
+
+
+@contextmanager
+def _pg_errors(where: str) -> Iterator[None]:
+    try:
+        yield
+    except psycopg.errors.UniqueViolation as exc:
+        raise DuplicateKey(f"journal ({where}): {exc.diag.message_primary or exc}") from exc
+    except psycopg.Error as exc:
+        detail = exc.diag.message_primary if getattr(exc, "diag", None) else None
+        raise JournalError(f"journal ({where}): {type(exc).__name__}: {detail or exc}") from exc
+
+
+class PostgresStore:
+    """A PostgreSQL (or YugabyteDB) schema. One connection, reopened after a failure."""
+
+    kind = "postgres"
+
+    def __init__(self, dsn: str, schema: str = "fleetgate", connect_timeout_s: int = 5) -> None:
+        self._dsn, self.schema, self._timeout = dsn, schema, connect_timeout_s
+        self._lock = threading.RLock()
+        self._conn: psycopg.Connection[Row] | None = None
+        info = psycopg.conninfo.conninfo_to_dict(dsn)
+        self.where = (f"postgresql {info.get('host', 'localhost')}:{info.get('port', 5432)}"
+                      f"/{info.get('dbname', '')} schema {schema}")  # fmt: skip
+        self._connect()
+
+    def _connect(self) -> psycopg.Connection[Row]:
+        if self._conn is not None and not self._conn.closed and not self._conn.broken:
+            return self._conn
+        with _pg_errors(self.where):
+            conn = psycopg.connect(self._dsn, autocommit=True, row_factory=dict_row,
+                                   connect_timeout=self._timeout,
+                                   fallback_application_name="fleetgate")  # fmt: skip
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext('fleetgate schema'))")
+                conn.execute(pgsql.SQL("CREATE SCHEMA IF NOT EXISTS {}")
+                             .format(pgsql.Identifier(self.schema)))  # fmt: skip
+            conn.execute(pgsql.SQL("SET search_path TO {}").format(pgsql.Identifier(self.schema)))
+        self._conn = conn
+        return conn
+
+    @contextmanager
+    def tx(self) -> Iterator[Tx]:
+        with self._lock:
+            conn = self._connect()
+            try:
+                with conn.transaction():
+                    yield _PgTx(conn, self.where)
+            except psycopg.Error as exc:  # raised by COMMIT itself
+                raise JournalError(f"journal ({self.where}): {type(exc).__name__}: {exc}") from exc
+
+    def query(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
+        with self._lock:
+            return _PgTx(self._connect(), self.where).execute(sql, args).rows
+
+    def create(self, ddl: Sequence[str]) -> None:
+        with self.tx() as db:
+            db.execute("SELECT pg_advisory_xact_lock(hashtext('fleetgate schema'))")
+            for statement in ddl:
+                db.execute(statement)
+
+    def add_column(self, table: str, column: str, decl: str) -> None:
+        with self.tx() as db:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {decl}")
+
+    def drop(self) -> None:
+        """Drop the whole schema (tests and `fleetgate` tooling only)."""
+        with self._lock, _pg_errors(self.where):
+            self._connect().execute(pgsql.SQL("DROP SCHEMA IF EXISTS {} CASCADE")
+                                    .format(pgsql.Identifier(self.schema)))  # fmt: skip
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
