@@ -2,8 +2,9 @@
 
 The reference trace is Alibaba's `openb_pod_list_default.csv` (cluster-trace-gpu-v2023, Weng et
 al., USENIX ATC 2023): one row per task with `creation_time` and `deletion_time` in seconds from
-the trace start and `num_gpu`. Blank lines and lines starting with `#` are skipped; errors name
-`path:line`.
+the trace start and `num_gpu`. Other CSVs name their own columns: an arrival time and either
+an end time (`end_col`) or a duration (`service_col`). Blank lines and lines starting with `#`
+are skipped; errors name `path:line`.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def load_trace(
     *,
     arrival_col: str = "creation_time",
     end_col: str = "deletion_time",
+    service_col: str | None = None,
     filter_gpu_col: str | None = "num_gpu",
     time_scale: float = 1.0,
     service_scale: float = 1.0,
@@ -37,8 +39,9 @@ def load_trace(
 ) -> list[TraceTask]:
     """Tasks of the CSV at `path`, sorted by arrival.
 
-    Rows whose `filter_gpu_col` is 0 are skipped (CPU-only tasks). Arrival is (creation - the
-    first kept creation) x `time_scale`; service is max(60, (end - creation) x `service_scale`).
+    Rows whose `filter_gpu_col` is 0 are skipped (CPU-only tasks). Arrival is (arrival - the
+    first kept arrival) x `time_scale`; service is max(60, lifetime x `service_scale`), where
+    the lifetime is the `service_col` value when one is named, else `end_col` - `arrival_col`.
     `limit` keeps only the first `limit` kept rows of the file. Raises ValueError("path:line: ...")
     on a malformed row and OSError when the file cannot be read.
     """
@@ -49,18 +52,35 @@ def load_trace(
         if filter_gpu_col is not None and _number(record, filter_gpu_col, where) == 0:
             continue
         start = _number(record, arrival_col, where)
-        end = _number(record, end_col, where)
-        if end < start:
-            raise ValueError(f"{where}: {end_col} {end!r} is before {arrival_col} {start!r}")
-        rows.append((start, end))
+        rows.append((start, _lifetime(record, start, where, arrival_col, end_col, service_col)))
     if not rows:
         return []
     first = min(start for start, _ in rows)
     tasks = [
-        TraceTask((start - first) * time_scale, max(MIN_SERVICE_S, (end - start) * service_scale))
-        for start, end in rows
+        TraceTask((start - first) * time_scale, max(MIN_SERVICE_S, life * service_scale))
+        for start, life in rows
     ]
     return sorted(tasks, key=lambda t: t.arrival_s)
+
+
+def _lifetime(
+    record: dict[str, str],
+    start: float,
+    where: str,
+    arrival_col: str,
+    end_col: str,
+    service_col: str | None,
+) -> float:
+    """The row's service time, seconds, before scaling (a duration column, or end - start)."""
+    if service_col is not None:
+        life = _number(record, service_col, where)
+        if life < 0:
+            raise ValueError(f"{where}: {service_col} {life!r} is negative")
+        return life
+    end = _number(record, end_col, where)
+    if end < start:
+        raise ValueError(f"{where}: {end_col} {end!r} is before {arrival_col} {start!r}")
+    return end - start
 
 
 def _records(path: Path) -> Iterator[tuple[str, dict[str, str]]]:
