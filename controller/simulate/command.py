@@ -1,0 +1,187 @@
+"""`fleetgate simulate`: replay a trace through the controller and three baselines.
+
+1. load the config (the simulator's world, rules, guards, settings) and the trace;
+2. cut the trace to the horizon (`--days`, else the last arrival plus the deadline), in whole
+   ticks;
+3. run fleetgate on it (`run.run_fleetgate`), its journal in REPORT/state;
+4. run the baselines on the same tasks, with the world's boot time, slots and fleet cap;
+5. write REPORT/report.json and REPORT/simulate.png; print the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from controller.config import Config, load_config
+from controller.sim import SimConfig
+from controller.sim.trace import TraceTask, load_trace
+from controller.simulate import baselines, report
+from controller.simulate.model import BaselineParams, mean_boot_s
+from controller.simulate.run import FleetgateRun, RunSpec, run_fleetgate, ticks_for
+
+DAY = 86400.0
+DEADLINE_S = 3600.0
+COOLDOWN_S = 300.0
+SAMPLES = 3000  # points per time series in the chart
+
+
+def add_parser(sub: Any) -> None:
+    """The `simulate` subcommand and its options (`sub`: the CLI's subparsers)."""
+    p = sub.add_parser("simulate", help="replay a task trace: fleetgate beside three baselines")
+    p.add_argument("--trace", required=True, metavar="FILE", help="CSV of tasks")
+    p.add_argument("--days", type=float, help="virtual days to run (default: the whole trace, "
+                   "to the last arrival plus the deadline)")  # fmt: skip
+    p.add_argument(
+        "--config",
+        dest="simulate_config",
+        metavar="FILE",
+        help="config file (default: the global --config, else the defaults)",
+    )
+    p.add_argument("--report", default="simulate-report", metavar="DIR",
+                   help="where report.json, simulate.png and the journal go")  # fmt: skip
+    p.add_argument("--seed", type=int, help="simulator seed (default: the config's sim.seed)")
+    p.add_argument("--arrival-col", default="creation_time", help="arrival time column, s")
+    end = p.add_mutually_exclusive_group()
+    end.add_argument("--end-col", default="deletion_time", help="end time column, s")
+    end.add_argument("--service-col", help="service time (duration) column, s; instead of "
+                     "--end-col")  # fmt: skip
+    p.add_argument("--gpu-col", default="num_gpu",
+                   help="rows where this column is 0 are skipped; '' keeps every row")  # fmt: skip
+    p.add_argument("--time-scale", type=float, help="factor on inter-arrival times (default: "
+                   "the config's sim.world.trace_time_scale if set, else 1)")  # fmt: skip
+    p.add_argument("--service-scale", type=float, help="factor on service times (default: "
+                   "the config's sim.world.trace_service_scale if set, else 1)")  # fmt: skip
+    p.add_argument("--deadline-s", type=float, default=DEADLINE_S,
+                   help="a task waiting longer than this to start misses its deadline "
+                   f"(default {DEADLINE_S:g})")  # fmt: skip
+    p.add_argument("--cooldown-s", type=float, default=COOLDOWN_S,
+                   help="proportional baseline's scale-down window "
+                   f"(default {COOLDOWN_S:g}, HPA's and KEDA's)")  # fmt: skip
+    p.add_argument("--baseline-dph", type=float, help="baselines' $ per instance-hour "
+                   "(default: what fleetgate paid on average in this run)")  # fmt: skip
+    p.add_argument("--answer-after-s", type=float, help="a replay operator answers each "
+                   "escalation this long after it is raised (default: nobody answers)")  # fmt: skip
+
+
+def simulate(args: argparse.Namespace) -> int:
+    """Steps 1 to 5; 2 on a bad trace or option, 0 otherwise."""
+    from controller.simulate import chart  # matplotlib takes a while to import: only here
+
+    started = time.perf_counter()
+    config = load_config(args.simulate_config or args.config)
+    problem = _check(args, config)
+    if problem:
+        print(f"fleetgate simulate: {problem}", file=sys.stderr)
+        return 2
+    scales = (_scale(args.time_scale, config, "trace_time_scale"),
+              _scale(args.service_scale, config, "trace_service_scale"))  # fmt: skip
+    try:
+        tasks = _load(args, scales)
+    except (ValueError, OSError) as exc:
+        print(f"fleetgate simulate: {exc}", file=sys.stderr)
+        return 2
+    if not tasks:
+        print(f"fleetgate simulate: no tasks in {args.trace}", file=sys.stderr)
+        return 2
+    step = config.sim.seconds_per_tick
+    span = args.days * DAY if args.days else tasks[-1].arrival_s + args.deadline_s
+    ticks = ticks_for(span, step)
+    horizon = ticks * step
+    tasks = baselines.within(tasks, horizon)
+    sample_ticks = max(1, round(ticks / SAMPLES))
+    out = Path(args.report)
+    seed = config.sim.seed if args.seed is None else args.seed
+    spec = RunSpec(tasks, ticks, out / "state", seed=seed, sample_ticks=sample_ticks,
+                   progress=sys.stderr.isatty(), answer_after_s=args.answer_after_s)  # fmt: skip
+    run = run_fleetgate(config, spec)
+    params = _params(args, config, run, horizon, sample_ticks * step)
+    outcomes = [run.outcome, baselines.static_peak(tasks, params),
+                baselines.proportional(tasks, params), baselines.oracle(tasks, params)]  # fmt: skip
+    meta = _meta(args, scales, tasks, ticks, seed, run)
+    chart.draw(out / "simulate.png", outcomes, _title(args, meta))
+    meta["wall_s"] = {"total": round(time.perf_counter() - started, 2),
+                      "fleetgate": round(run.wall_s, 2)}  # fmt: skip
+    doc = report.build(outcomes, params, run=_run_doc(run), meta=meta)
+    report.write(out, doc)
+    print(report.render(doc))
+    print(f"report: {out / 'report.json'}, chart: {out / 'simulate.png'}, "
+          f"journal: fleetgate --state {out / 'state'} actions")  # fmt: skip
+    return 0
+
+
+def _check(args: argparse.Namespace, config: Config) -> str:
+    if config.provider != "sim" or config.demand != "sim":
+        return (f"the config's provider is {config.provider!r} and demand {config.demand!r}; "
+                "simulate runs the built-in simulator (provider: sim, demand: sim)")  # fmt: skip
+    for name in ("days", "time_scale", "service_scale", "deadline_s", "baseline_dph"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            return f"--{name.replace('_', '-')} must be > 0, got {value!r}"
+    if args.cooldown_s < 0 or (args.answer_after_s is not None and args.answer_after_s < 0):
+        return "--cooldown-s and --answer-after-s must be >= 0"
+    return ""
+
+
+def _scale(given: float | None, config: Config, key: str) -> float:
+    if given is not None:
+        return given
+    return float(config.sim.world[key]) if key in config.sim.world else 1.0
+
+
+def _load(args: argparse.Namespace, scales: tuple[float, float]) -> list[TraceTask]:
+    return load_trace(
+        args.trace,
+        arrival_col=args.arrival_col,
+        end_col=args.end_col,
+        service_col=args.service_col,
+        filter_gpu_col=args.gpu_col or None,
+        time_scale=scales[0],
+        service_scale=scales[1],
+    )
+
+
+def _params(
+    args: argparse.Namespace, config: Config, run: FleetgateRun, horizon: float, sample_s: float
+) -> BaselineParams:
+    world = SimConfig.model_validate(config.sim.world)
+    return BaselineParams(
+        boot_s=mean_boot_s(world), dph=args.baseline_dph or run.outcome.dph,
+        slots=world.slots_per_instance, horizon_s=horizon, deadline_s=args.deadline_s,
+        tasks_per_instance=int(config.settings.get("tasks_per_instance", 2)),
+        interval_s=config.sim.seconds_per_tick, cooldown_s=args.cooldown_s,
+        max_instances=config.guards.max_instances, sample_s=sample_s,
+    )  # fmt: skip
+
+
+def _meta(args: argparse.Namespace, scales: tuple[float, float], tasks: list[TraceTask],
+          ticks: int, seed: int, run: FleetgateRun) -> dict[str, Any]:  # fmt: skip
+    step = run.seconds_per_tick
+    return {
+        "config": args.simulate_config or args.config,
+        "trace": {"path": str(args.trace), "arrival_col": args.arrival_col,
+                  "end_col": None if args.service_col else args.end_col,
+                  "service_col": args.service_col, "gpu_col": args.gpu_col or None,
+                  "time_scale": scales[0], "service_scale": scales[1]},  # fmt: skip
+        "tasks": len(tasks), "ticks": ticks, "seconds_per_tick": step, "seed": seed,
+        "horizon_s": ticks * step, "days": ticks * step / DAY, "deadline_s": args.deadline_s,
+        "answer_after_s": args.answer_after_s,
+        "ticks_per_s": round(ticks / run.wall_s, 1) if run.wall_s > 0 else None,
+    }  # fmt: skip
+
+
+def _title(args: argparse.Namespace, meta: dict[str, Any]) -> str:
+    return (f"fleetgate simulate: {Path(args.trace).name}, {meta['tasks']} tasks, "
+            f"{meta['days']:.1f} days")  # fmt: skip
+
+
+def _run_doc(run: FleetgateRun) -> dict[str, Any]:
+    sim = run.sim
+    return {**run.journal, "answers": run.answers, "instance_hours_by_state": run.hours_by_state,
+            "tasks_arrived": sim["tasks_arrived"], "tasks_completed": sim["tasks_completed"],
+            "tasks_released": sim["tasks_released"],
+            "instances_destroyed": sim["instances_destroyed"],
+            "avg_dph": round(run.outcome.dph, 4)}  # fmt: skip
