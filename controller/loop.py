@@ -30,7 +30,13 @@ from controller.engine_types import Match
 from controller.facts import build_facts
 from controller.journal import Journal
 from controller.model import Decision, Observation, Plan, Proposal, SensorStatus
-from controller.providers.base import DemandSensor, Provider, ProviderError, SensorError
+from controller.providers.base import (
+    DemandSensor,
+    Provider,
+    ProviderError,
+    SensorError,
+    StaleReading,
+)
 from controller.rules_source import RulesSource
 from controller.sanity import check_listing
 from controller.settings import DecideSettings
@@ -68,6 +74,10 @@ def sense(provider: Provider, demand: DemandSensor, now: float) -> Observation:
 def _read(name: str, read: Callable[[], list[Any]], sensors: list[SensorStatus]) -> list[Any]:
     try:
         values = read()
+    except StaleReading as exc:
+        sensors.append(SensorStatus(name, "stale", str(exc)[:300]))
+        log.error("sensing: %s is stale: %s", name, exc)
+        return []
     except (ProviderError, SensorError) as exc:
         sensors.append(SensorStatus(name, "failed", str(exc)[:300]))
         log.error("sensing: %s failed: %s", name, exc)

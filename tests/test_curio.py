@@ -20,7 +20,7 @@ from psycopg import sql
 from pydantic import ValidationError
 
 from controller.model import Demand
-from controller.providers.base import DemandSensor, SensorError
+from controller.providers.base import DemandSensor, SensorError, StaleReading
 from controller.sensors.curio import CurioDemand, CurioSettings, connect
 
 DSN = os.environ.get("FLEETGATE_TEST_PG_DSN", "host=127.0.0.1 port=5432 dbname=test user=postgres")
@@ -95,6 +95,22 @@ def test_an_empty_queue_reads_zeros_not_an_error(db: CurioDB) -> None:
     demand = by_task(sensor(db).demand())
 
     assert demand["all"] == Demand("all", 0, 0, 0.0, 0)
+
+
+def test_a_queue_no_curio_node_has_touched_for_too_long_is_stale(db: CurioDB) -> None:
+    first = db.add_machine("10.0.0.1:12300", last_contact_age_s=700)
+    second = db.add_machine("10.0.0.2:12300", last_contact_age_s=650)
+    db.post("PoRep", 3)
+    with pytest.raises(StaleReading, match=r"none of its 2 node\(s\) has checked in for 65\d s"):
+        sensor(db).demand()
+    db.heartbeat(second, age_s=5)  # one node alive: the queue is being worked
+    assert by_task(sensor(db).demand())["PoRep"].pending == 3
+    db.heartbeat(second, age_s=120)
+    with pytest.raises(StaleReading):
+        sensor(db, heartbeat_stale_s=100.0).demand()
+    db.remove_machine(first)
+    db.remove_machine(second)  # no nodes at all: a new cluster, nothing to judge by
+    assert by_task(sensor(db).demand())["PoRep"].pending == 3
 
 
 def test_oldest_pending_age_is_measured_by_the_database_clock(db: CurioDB) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 from controller.app import build
 from controller.config import Config
 from controller.model import Instance, Observation, SensorStatus
+from controller.providers.base import StaleReading
 from controller.sanity import check_listing
 
 OK = (SensorStatus("provider", "ok"), SensorStatus("demand", "ok"))
@@ -75,5 +76,41 @@ def test_a_fleet_that_vanishes_from_the_listing_is_held_not_replaced(tmp_path: P
         assert set(app.journal.history(ctl.clock()).instances) >= tracked  # nothing marked gone
         sensing = [e for e in app.journal.escalations() if e["kind"] == "sensing_failure"]
         assert len(sensing) == 1 and "vanished without our actions" in sensing[0]["summary"]
+    finally:
+        app.close()
+
+
+class Frozen:
+    """The simulator's demand sensor, whose reading goes stale when told to."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.stale = inner, False
+
+    def demand(self) -> list[Any]:
+        if self.stale:
+            raise StaleReading("Curio's queue looks stale: none of its 3 node(s) has checked in")
+        return list(self.inner.demand())
+
+
+def test_stale_demand_holds_scaling_and_is_escalated_once(tmp_path: Path) -> None:
+    app = build(Config(), tmp_path / "s", seed=7)
+    try:
+        ctl = app.controller
+        for _ in range(40):
+            ctl.tick()
+        demand = Frozen(ctl.demand)
+        ctl.demand = demand
+        before = {r["id"] for r in app.journal.actions(10_000)}
+        demand.stale = True
+        for _ in range(8):
+            planned = ctl.tick()
+        assert [s.state for s in planned.observation.sensors if s.name == "demand"] == ["stale"]
+        new = [r for r in app.journal.actions(10_000) if r["id"] not in before]
+        destructive = ("launch", "destroy", "replace", "drain", "scale_to")
+        assert [r for r in new if r["verdict"] == "act" and r["action"] in destructive] == []
+        # what the rules still proposed went to people (weak evidence) or was held, not acted on
+        assert any(r["verdict"] in ("ask", "veto") and r["action"] in destructive for r in new)
+        sensing = [e for e in app.journal.escalations() if e["kind"] == "sensing_failure"]
+        assert len(sensing) == 1 and "demand reading stale" in sensing[0]["summary"]
     finally:
         app.close()

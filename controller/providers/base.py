@@ -42,6 +42,10 @@ class SensorError(Exception):
     """Sensing failed: the reading is unknown, never 'empty'."""
 
 
+class StaleReading(SensorError):
+    """The sensor answered, but what it read is too old to act on (stale, not failed)."""
+
+
 @dataclass(frozen=True)
 class LaunchRequest:
     label: str  # unique per launch: the idempotency key

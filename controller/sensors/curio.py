@@ -27,7 +27,7 @@ from psycopg.conninfo import conninfo_to_dict
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from controller.model import Demand
-from controller.providers.base import SensorError
+from controller.providers.base import SensorError, StaleReading
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,14 @@ GROUP BY m.id, m.host_and_port, m.last_contact, m.unschedulable
 ORDER BY m.id
 """
 
+# Curio's nodes heartbeat into harmony_machines every few seconds: when none has for
+# heartbeat_stale_s, the queue we read is not being worked or not current (a stopped cluster,
+# a lagging replica), and its numbers must not drive scaling.
+_LIVENESS = """
+SELECT count(*), extract(epoch FROM now() - max(last_contact))::float8
+FROM {schema}.harmony_machines
+"""
+
 _SET_UNSCHEDULABLE = "UPDATE {schema}.harmony_machines SET unschedulable = %s WHERE {match}"
 
 
@@ -132,6 +140,15 @@ class CurioDemand:
         names = list(self.settings.tasks)
         with self._transaction("demand query", read_only=True) as cur:
             rows = cur.execute(self._sql(_DEMAND), [names]).fetchall()
+            live = cur.execute(self._sql(_LIVENESS)).fetchone()
+        nodes, newest_age = (int(live[0]), live[1]) if live else (0, None)
+        limit = self.settings.heartbeat_stale_s
+        if nodes and newest_age is not None and float(newest_age) >= limit:
+            raise StaleReading(
+                f"Curio's queue looks stale: none of its {nodes} node(s) has checked in for "
+                f"{float(newest_age):.0f} s (heartbeat_stale_s={limit:g}); the task table may "
+                "not be current (a stopped cluster or a lagging replica)"
+            )
         return summarize(self.settings.tasks, rows)
 
     def machines(self) -> list[CurioMachine]:
