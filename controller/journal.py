@@ -527,12 +527,21 @@ class Journal:
                          "AND status IN ('ok', 'intent') AND at >= ?", (since,))  # fmt: skip
         return {str(r["target"]).removeprefix("instance:") for r in rows}
 
-    def close_interrupted(self, now: float) -> list[dict[str, Any]]:
+    def close_interrupted(self, now: float, listed: set[str] | None = None) -> list[dict[str, Any]]:
         """Intents left by a run that stopped between intent and result (not launches: those
-        are reconciled by their label). Each is closed as `interrupted` and returned."""
+        are reconciled by their label), closed and returned. With the provider's listing
+        (`listed`: instance ids), a destroy whose target is gone is recorded as done;
+        everything else as `interrupted`, and the rules decide again from what is sensed."""
         rows = self._all("SELECT id, action, target FROM actions WHERE status = 'intent' AND "
                          "action != 'launch' ORDER BY id")  # fmt: skip
         for r in rows:
+            target = str(r["target"]).removeprefix("instance:")
+            if r["action"] == "destroy" and listed is not None and target not in listed:
+                r["status"] = "ok"
+                self.finish(int(r["id"]), now, "ok", {"instance": target, "confirmed_by":
+                                                      "listing"})  # fmt: skip
+                continue
+            r["status"] = "interrupted"
             self.finish(int(r["id"]), now, "interrupted",
                         {"note": "the controller stopped before the result was recorded; "
                          "the rules decide again from what is sensed now"})  # fmt: skip

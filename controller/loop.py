@@ -158,6 +158,11 @@ class Controller:
         hist = self.journal.history(now)
         obs = check_listing(sense(self.provider, self.demand, now), hist.instances,
                             self.journal.destroyed_since(now - 3600))  # fmt: skip
+        if write:  # a crashed run's unfinished actions, reconciled against this listing
+            listed = {i.id for i in obs.instances} if obs.sensor_ok("provider") else None
+            for r in self.journal.close_interrupted(now, listed):
+                log.warning("action #%s %s on %s was interrupted: %s", r["id"], r["action"],
+                            r["target"], r["status"])  # fmt: skip
         tracks, events = advance(hist, obs, now)
         recent = tuple(e for e in events if e.kind in ("death", "restart"))
         hist = replace(hist, instances=tracks, events=hist.events + recent)
@@ -224,9 +229,6 @@ class Controller:
         reloaded = self.rules.reload()  # a file change (or SIGHUP) takes effect here
         if reloaded is not None:
             self.journal.add_reload(now, reloaded.ok, reloaded.digest, reloaded.problems)
-        for r in self.journal.close_interrupted(now):  # a crashed run's unfinished actions
-            log.warning("action #%s %s on %s was interrupted; deciding again", r["id"],
-                        r["action"], r["target"])  # fmt: skip
         tick_id = self.journal.start_tick(now, self.rules.book.digest)
         expired = approvals.expire(self.journal, now)
         for p in expired:

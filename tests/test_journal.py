@@ -184,13 +184,15 @@ def test_an_interrupted_run_leaves_intents_that_are_closed_once(j: Journal) -> N
     reboot = _act(j, 10.0)
     destroy = _act(j, 10.0, "destroy", "instance:8")
     launch = _act(j, 10.0, "launch", "fleet", key="fg-x", parent_id=1)
-    closed = j.close_interrupted(20.0)
-    assert [r["id"] for r in closed] == [reboot, destroy]
+    gone = _act(j, 10.0, "destroy", "instance:9")
+    closed = j.close_interrupted(20.0, listed={"7", "8"})  # 9 is no longer listed: destroyed
+    assert [(r["id"], r["status"]) for r in closed] == [
+        (reboot, "interrupted"), (destroy, "interrupted"), (gone, "ok")]  # fmt: skip
     assert j.close_interrupted(21.0) == []
     assert [r["id"] for r in j.in_flight()] == [launch]  # launches are reconciled by label
-    assert j.destroyed_since(0.0) == set()  # an interrupted destroy is not a destroy
-    _act(j, 30.0, "destroy", "instance:9", status="ok")
-    assert j.destroyed_since(0.0) == {"9"} and j.destroyed_since(31.0) == set()
+    assert j.destroyed_since(0.0) == {"9"}  # an interrupted destroy is not a destroy
+    _act(j, 30.0, "destroy", "instance:10", status="ok")
+    assert j.destroyed_since(0.0) == {"9", "10"} and j.destroyed_since(31.0) == set()
 
 
 def test_tracks_events_hosts_and_replacements(j: Journal) -> None:

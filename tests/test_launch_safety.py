@@ -128,7 +128,12 @@ def test_actions_a_crashed_run_left_unfinished_are_closed_and_decided_again(
     stale = journal.record(tick_id=None, now=clock[0], action="destroy", target="instance:1000",
                            params={"instance": "1000"}, proposer="rule:x", reason="r",
                            confidence=1, verdict="act", why="w", status="intent")  # fmt: skip
+    done = journal.record(tick_id=None, now=clock[0], action="destroy", target="instance:999",
+                          params={"instance": "999"}, proposer="rule:x", reason="r",
+                          confidence=1, verdict="act", why="w", status="intent")  # fmt: skip
     run(c, clock, 1)
     [row] = [r for r in journal.actions(1000) if r["id"] == stale]
     assert row["status"] == "interrupted" and "decide again" in row["result"]["note"]
+    [row] = [r for r in journal.actions(1000) if r["id"] == done]  # not listed: it is gone
+    assert row["status"] == "ok" and row["result"]["confirmed_by"] == "listing"
     assert journal.in_flight() == []
