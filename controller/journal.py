@@ -10,6 +10,7 @@ written once, portable; `controller/store.py` runs it on either database.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -79,6 +80,16 @@ CREATE TABLE IF NOT EXISTS leases (
 """
 
 HISTORY_WINDOW_S = 3 * 3600
+TRACKS_VERSION = "tracks.version"  # changes with every save: whose tracks are stored
+UPTIME_EVERY = 10  # saves between writes of tracks whose only change is the daemon's uptime
+
+
+def _key(t: Track | None) -> tuple[Any, ...] | None:
+    """A track without its uptime: what must be stored at once when it changes."""
+    if t is None:
+        return None
+    return (t.machine_id, t.first_seen, t.stage, t.stage_since, t.status, t.status_since,
+            t.daemon, t.daemon_since, t.idle_since, t.bench_rate, t.ever_up)  # fmt: skip
 
 
 def _dumps(value: Any) -> str:
@@ -99,6 +110,9 @@ class Journal:
         self.store: Store = SQLiteStore(where) if isinstance(where, str | Path) else where
         self.path: Path | None = getattr(self.store, "path", None)
         self.fence: Fence | None = None  # set while this process leads (controller/lease.py)
+        self._tracks: dict[str, Track] | None = None  # as this process last saved or read them
+        self._tracks_version: str | None = None
+        self._saves = 0
         self.store.create(statements(SCHEMA))
         self.store.add_column("actions", "token", "INTEGER")
 
@@ -339,12 +353,39 @@ class Journal:
 
     # ---- tracks, events, hosts, replacements -------------------------------------------------
     def save_tracks(self, tracks: dict[str, Track], events: list[Event]) -> None:
+        """Store this tick's tracks and events.
+
+        Only what changed is written: new and vanished instances, and tracks whose stage,
+        status, health or their times changed. A daemon's uptime changes every tick and is
+        written with the rest every `UPTIME_EVERY` saves; in between, this process reads its
+        own tracks from memory (`history`), so it always compares against the latest uptime.
+        Another process (a CLI, a new leader) reads the stored ones: their uptime is at most
+        `UPTIME_EVERY` ticks old, and they are otherwise exact.
+        """
+        cached = self._tracks if self._tracks_version == self._stored_version() else None
+        self._saves += 1
+        full = cached is None or self._saves % UPTIME_EVERY == 0
+        if full:
+            changed = list(tracks.values())
+            gone: list[str] = []
+        else:
+            assert cached is not None
+            changed = [t for k, t in tracks.items() if _key(cached.get(k)) != _key(t)]
+            gone = [k for k in cached if k not in tracks]
+        version = uuid.uuid4().hex
         with self.tx() as db:
-            db.execute("DELETE FROM tracks")
-            db.executemany(
-                "INSERT INTO tracks(id, data) VALUES (?, ?)",
-                [(k, _dumps(vars(t))) for k, t in tracks.items()],  # plain fields only
-            )
+            if full:
+                db.execute("DELETE FROM tracks")
+                db.executemany("INSERT INTO tracks(id, data) VALUES (?, ?)",
+                               [(t.id, _dumps(vars(t))) for t in changed])  # fmt: skip
+            else:
+                db.executemany("DELETE FROM tracks WHERE id = ?", [(k,) for k in gone])
+                db.executemany(
+                    "INSERT INTO tracks(id, data) VALUES (?, ?) ON CONFLICT(id) DO UPDATE SET "
+                    "data = excluded.data", [(t.id, _dumps(vars(t))) for t in changed])  # fmt: skip
+            db.execute(
+                "INSERT INTO kv(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET "
+                "value = excluded.value", (TRACKS_VERSION, _dumps(version)))  # fmt: skip
             db.executemany(
                 "INSERT INTO events(instance_id, at, kind, detail) VALUES (?, ?, ?, ?)",
                 [(e.instance_id, e.at, e.kind, _dumps(e.detail)) for e in events],
@@ -357,6 +398,21 @@ class Journal:
                         "bench_at = excluded.bench_at",
                         (e.detail["machine_id"], e.detail["rate"], e.at),
                     )
+
+        self._tracks, self._tracks_version = dict(tracks), version
+
+    def tracks(self) -> dict[str, Track]:
+        """The tracks: from memory when this process wrote the stored ones last."""
+        stored = self._stored_version()
+        if self._tracks is None or stored != self._tracks_version:
+            rows = self._all("SELECT data FROM tracks")
+            self._tracks = {t.id: t for t in (Track(**json.loads(r["data"])) for r in rows)}
+            self._tracks_version = stored
+        return dict(self._tracks)
+
+    def _stored_version(self) -> str | None:
+        row = self._one("SELECT value FROM kv WHERE key = ?", (TRACKS_VERSION,))
+        return str(json.loads(row["value"])) if row else None
 
     def events(self, instance_id: str | None = None, limit: int = 500) -> list[dict[str, Any]]:
         where, args = ("WHERE instance_id = ?", [instance_id]) if instance_id else ("", [])
@@ -403,9 +459,7 @@ class Journal:
     def history(self, now: float) -> History:
         """Everything one tick's decision reads, as plain data."""
         since = now - HISTORY_WINDOW_S
-        tracks = {
-            r["id"]: Track(**json.loads(r["data"])) for r in self._all("SELECT * FROM tracks")
-        }
+        tracks = self.tracks()
         events = tuple(
             Event(r["instance_id"], r["at"], r["kind"], json.loads(r["detail"]))
             for r in self._all(
@@ -504,9 +558,14 @@ class Journal:
             r["result"] = json.loads(r["result"]) if r["result"] else {}
         return rows
 
-    def seen_instances(self, since: float) -> set[str]:
-        rows = self._all("SELECT DISTINCT instance_id FROM events WHERE kind = 'seen' AND at >= ?",
-                         (since,))  # fmt: skip
+    def seen_instances(self, since: float, among: Iterable[str]) -> set[str]:
+        """Which of the instances `among` were listed (first seen) since `since`."""
+        ids = sorted({str(i) for i in among})
+        if not ids:
+            return set()
+        marks = ", ".join("?" * len(ids))
+        rows = self._all(f"SELECT DISTINCT instance_id FROM events WHERE kind = 'seen' AND "
+                         f"at >= ? AND instance_id IN ({marks})", (since, *ids))  # fmt: skip
         return {str(r["instance_id"]) for r in rows}
 
     def has_tracks(self) -> bool:

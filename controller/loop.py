@@ -204,7 +204,8 @@ class Controller:
         if not obs.sensor_ok("provider"):
             return [str(r["key"]) for r in rows]
         by_label = {i.label: i for i in obs.instances}
-        seen = self.journal.seen_instances(now - window) | {i.id for i in obs.instances}
+        ours = [str(r["result"]["instance"]) for r in rows if r["result"].get("instance")]
+        seen = self.journal.seen_instances(now - window, ours) | {i.id for i in obs.instances}
         pending = []
         for r in rows:
             label, listed = str(r["key"]), by_label.get(str(r["key"]))

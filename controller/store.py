@@ -90,8 +90,12 @@ def statements(script: str) -> list[str]:
 # ---- SQLite ------------------------------------------------------------------------------------
 
 
-def _dict_row(cur: sqlite3.Cursor, row: tuple[Any, ...]) -> Row:
-    return {d[0]: v for d, v in zip(cur.description, row, strict=True)}
+def _dicts(cur: sqlite3.Cursor) -> list[Row]:
+    rows = cur.fetchall()
+    if not rows:
+        return []
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row, strict=True)) for row in rows]
 
 
 class _SQLiteTx:
@@ -103,7 +107,7 @@ class _SQLiteTx:
     def execute(self, sql: str, args: Sequence[Any] = ()) -> Result:
         with _sqlite_errors("journal"):
             cur = self._db.execute(sql, tuple(args))
-            return Result(cur.fetchall(), cur.rowcount)
+            return Result(_dicts(cur), cur.rowcount)
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         with _sqlite_errors("journal"):
@@ -141,7 +145,6 @@ class SQLiteStore:
         self._lock = threading.RLock()
         with _sqlite_errors(self.where):
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-            self._db.row_factory = _dict_row
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA busy_timeout=5000")
@@ -161,7 +164,7 @@ class SQLiteStore:
 
     def query(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         with self._lock, _sqlite_errors(self.where):
-            return list(self._db.execute(sql, tuple(args)).fetchall())
+            return _dicts(self._db.execute(sql, tuple(args)))
 
     def create(self, ddl: Sequence[str]) -> None:
         with self.tx() as db:

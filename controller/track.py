@@ -7,7 +7,7 @@ instances that vanished). The journal stores both; `facts` derives temporal fiel
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from controller.model import Instance, Observation
@@ -88,27 +88,25 @@ def _bench(inst: Instance) -> dict[str, Any]:
 
 def _step(old: Track, inst: Instance, now: float) -> tuple[Track, list[Event]]:
     events: list[Event] = []
-    t = old
+    stage_since, status_since, daemon_since = old.stage_since, old.status_since, old.daemon_since
     if inst.stage != old.stage:
         events.append(Event(inst.id, now, "stage", {"from": old.stage, "to": inst.stage}))
-        t = replace(t, stage=inst.stage, stage_since=now)
+        stage_since = now
     if inst.status != old.status:
         events.append(Event(inst.id, now, "status", {"from": old.status, "to": inst.status}))
-        t = replace(t, status=inst.status, status_since=now)
+        status_since = now
     events += _daemon_events(old, inst, now)
     if inst.daemon != old.daemon:
-        t = replace(t, daemon=inst.daemon, daemon_since=now)
-    idle = inst.stage == "running" and inst.tasks_running == 0
-    if not idle:
-        t = replace(t, idle_since=None)
-    elif t.idle_since is None:
-        t = replace(t, idle_since=now)
+        daemon_since = now
+    idle_since = None
+    if inst.stage == "running" and inst.tasks_running == 0:
+        idle_since = now if old.idle_since is None else old.idle_since
     if inst.bench_rate is not None and inst.bench_rate != old.bench_rate:
         events.append(Event(inst.id, now, "bench", _bench(inst)))
-    ever_up = t.ever_up or inst.daemon == "up"
-    return replace(
-        t, uptime=inst.daemon_uptime_s, bench_rate=inst.bench_rate, ever_up=ever_up
-    ), events
+    track = Track(old.id, old.machine_id, old.first_seen, inst.stage, stage_since, inst.status,
+                  status_since, inst.daemon, daemon_since, idle_since, inst.daemon_uptime_s,
+                  inst.bench_rate, old.ever_up or inst.daemon == "up")  # fmt: skip
+    return track, events
 
 
 def _daemon_events(old: Track, inst: Instance, now: float) -> list[Event]:

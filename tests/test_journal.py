@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from support import journal_on
 
-from controller.journal import Journal
+from controller.journal import UPTIME_EVERY, Journal
 from controller.store import DuplicateKey, PostgresStore
 from controller.track import Event, Track
 
@@ -199,7 +199,8 @@ def test_tracks_events_hosts_and_replacements(j: Journal) -> None:
     assert not j.has_tracks()
     t = Track("1", "m1", 0, "running", 0, "running", 0, "up", 0)
     j.save_tracks({"1": t}, [Event("1", 5.0, "seen"), Event("2", 6.0, "seen", {"x": 1})])
-    assert j.has_tracks() and j.seen_instances(5.5) == {"2"}
+    assert j.has_tracks() and j.seen_instances(5.5, ["1", "2", "3"]) == {"2"}
+    assert j.seen_instances(0.0, ["1"]) == {"1"} and j.seen_instances(0.0, []) == set()
     assert [e["detail"] for e in j.events()] == [{}, {"x": 1}]
     assert [e["kind"] for e in j.events("2")] == ["seen"]
     j.save_tracks({}, [])
@@ -245,3 +246,27 @@ def test_reloads_are_journaled(j: Journal) -> None:
     j.add_reload(1.0, True, "abc")
     j.add_reload(2.0, False, "abc", "rules/x.yaml:3: bad")
     assert [(r["ok"], r["problems"]) for r in j.reloads()] == [(1, ""), (0, "rules/x.yaml:3: bad")]
+
+
+def _track(i: str, uptime: float, stage: str = "running") -> Track:
+    return Track(i, "m" + i, 0, stage, 0, "running", 0, "up", 0, uptime=uptime)
+
+
+def test_tracks_are_saved_by_change_and_read_back_by_any_process(j: Journal) -> None:
+    j.save_tracks({"1": _track("1", 10), "2": _track("2", 10)}, [])
+    other = other_reader(j)
+    assert other.tracks() == {"1": _track("1", 10), "2": _track("2", 10)}
+    # uptime alone: this process sees it at once, others within UPTIME_EVERY saves
+    j.save_tracks({"1": _track("1", 40), "2": _track("2", 40, stage="params")}, [])
+    assert j.history(0.0).instances == {"1": _track("1", 40), "2": _track("2", 40, "params")}
+    seen = other.tracks()
+    assert seen["2"] == _track("2", 40, "params")  # a stage change is stored at once
+    assert seen["1"].stage == "running" and seen["1"].uptime in (10, 40)
+    for n in range(UPTIME_EVERY):
+        j.save_tracks({"1": _track("1", 100 + n)}, [])  # 2 vanished: removed at once
+        assert set(other.tracks()) == {"1"}
+    assert other.tracks()["1"].uptime >= 100  # written within UPTIME_EVERY saves
+    # another process saving makes this one read the store again
+    other.save_tracks({"3": _track("3", 5)}, [])
+    assert j.tracks() == {"3": _track("3", 5)} and j.history(0.0).instances == j.tracks()
+    other.close()
