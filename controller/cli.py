@@ -12,6 +12,7 @@ fleetgate [--config FILE] [--state DIR] COMMAND
   llm-check [--threshold R]    probe the configured LLM; exit 1 below the threshold
   bench sim [--ticks N] [--seed S]   time whole ticks on the simulator
   bench tick [--instances N,N] [--repeat N]   one tick's phases on synthetic fleets
+  bench soak [--ticks N] [--instances N]   memory over many ticks (RSS at start and end)
   simulate --trace FILE [--days N] [--report DIR]   replay a trace: fleetgate vs baselines
   pause | resume
 """
@@ -110,6 +111,12 @@ def _parser() -> argparse.ArgumentParser:
     bsim.add_argument("--ticks", type=int, default=400)
     bsim.add_argument("--seed", type=int, default=7)
     bsim.add_argument("--json", action="store_true")
+    bsoak = bench_sub.add_parser("soak", help="many ticks at one size: RSS at start and end")
+    bsoak.add_argument("--ticks", type=int, default=100_000)
+    bsoak.add_argument("--instances", type=int, default=1000)
+    bsoak.add_argument("--churn", type=int, default=10, help="instances replaced per tick")
+    bsoak.add_argument("--sample-every", type=int, default=10_000, help="ticks between samples")
+    bsoak.add_argument("--json", action="store_true")
     btick = bench_sub.add_parser("tick", help="one tick's phases on synthetic fleets of N")
     btick.add_argument(
         "--instances",
@@ -189,6 +196,17 @@ def _dispatch(args: argparse.Namespace) -> int:
     state = state_dir(config, args.state)
     if args.command == "check":
         return commands.check(args, config)
+    if args.command == "bench" and args.bench_command == "soak":
+        from controller.bench_soak import render as render_soak
+        from controller.bench_soak import soak
+
+        if min(args.ticks, args.instances, args.sample_every) < 1 or args.churn < 0:
+            print("fleetgate: --ticks, --instances, --sample-every must be >= 1", file=sys.stderr)
+            return 2
+        doc = soak(config, ticks=args.ticks, instances=args.instances, churn=args.churn,
+                   sample_every=args.sample_every, progress=sys.stderr)  # fmt: skip
+        _emit(doc) if args.json else print(render_soak(doc))
+        return 0
     if args.command == "bench" and args.bench_command == "tick":
         from controller.bench_tick import bench_tick, parse_sizes, render_tick
 

@@ -148,6 +148,7 @@ class Controller:
         self.sources = list(sources)  # more proposals each tick (e.g. agent timeouts)
         self.on_gone = on_gone  # an instance vanished from a good listing (forget its records)
         self.actuator = Actuator(provider, journal, settings.guards)
+        self._repeats: dict[tuple[str, ...], float] = {}  # veto -> journaled again after
 
     def _limits(self) -> Any:
         paused = bool(self.journal.get("paused", False)) or self.settings.guards.paused
@@ -288,7 +289,7 @@ class Controller:
         effective = {d.proposal.target for d in planned.plan.decisions if d.verdict not in _QUIET}
         for d in planned.plan.decisions:
             counts[d.verdict] = counts.get(d.verdict, 0) + 1
-            if not _worth_recording(d, effective):
+            if not _worth_recording(d, effective) or self._repeated(d, planned.now):
                 continue
             action_id = self._record(d, tick_id, planned.now)
             if d.verdict == "act":
@@ -307,6 +308,19 @@ class Controller:
                 if d.verdict == "veto" and d.proposal.proposer.startswith("llm:"):
                     refused.append(_refused(d))
         return counts, refused
+
+    def _repeated(self, d: Decision, now: float) -> bool:
+        """The same veto as one journaled less than VETO_REPEAT_S ago: not journaled again
+        (a limit that holds an action back would otherwise add a row every tick)."""
+        if d.verdict != "veto" or d.proposal.escalation_id is not None:
+            return False
+        if len(self._repeats) > 4 * VETO_CACHE:  # forget the ones past their time
+            self._repeats = {k: t for k, t in self._repeats.items() if t > now}
+        key = (d.effective_action, d.proposal.target, d.guard, d.why)
+        if self._repeats.get(key, 0.0) > now:
+            return True
+        self._repeats[key] = now + VETO_REPEAT_S
+        return False
 
     def _record(self, d: Decision, tick_id: int, now: float) -> int:
         status = (
@@ -334,6 +348,8 @@ class Controller:
 
 
 _QUIET = ("noop", "superseded")
+VETO_REPEAT_S = 600.0
+VETO_CACHE = 10_000
 
 
 def _refused(d: Decision) -> Doubt:

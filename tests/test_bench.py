@@ -5,12 +5,17 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from controller import guards, loop
-from controller.bench_tick import PHASES, synthetic_instances
+from controller.bench_soak import ChurningFleet
+from controller.bench_tick import PHASES, _controller, synthetic_instances
 from controller.cli import main
+from controller.config import Config
+from controller.journal import Journal
+from controller.providers.base import LaunchRequest
 
 
 @pytest.fixture(autouse=True)
@@ -77,3 +82,54 @@ def test_the_synthetic_fleet_has_the_stated_mix() -> None:
         "params",
         "bench",
     }
+
+
+def test_the_churning_fleet_replaces_churn_instances_per_tick_and_obeys_actions() -> None:
+    clock = [1_700_000_000.0]
+    fleet = ChurningFleet(100, lambda: clock[0], churn=3)
+    fleet.prepare()
+    seen = {i.id for i in fleet.list_instances()}
+    for _ in range(10):
+        fleet.prepare()
+        ids = {i.id for i in fleet.list_instances()}
+        assert len(ids) == 100 and len(ids - seen) == 3
+        seen |= ids
+    down = next(i for i in fleet.list_instances() if i.daemon == "down" and i.status == "running")
+    fleet.restart_daemon(down.id)
+    gone = fleet.list_instances()[50].id
+    fleet.destroy(gone)
+    new = fleet.launch(LaunchRequest(label="fg-x"))
+    fleet.prepare()
+    now = {i.id: i for i in fleet.list_instances()}
+    assert now[down.id].daemon == "up" and gone not in now and now[new].label == "fg-x"
+
+
+def test_bench_soak_samples_memory_over_many_ticks(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "soak", "--ticks", "40", "--instances", "50", "--sample-every", "20",
+                 "--json"]) == 0  # fmt: skip
+    doc = json.loads(capsys.readouterr().out)
+    assert [s["tick"] for s in doc["samples"]] == [4, 20, 40]  # warm-up is a tenth, at most
+    assert doc["rss_start_mb"] > 10 and doc["rss_end_mb"] > 10
+    assert doc["instances_seen"] == 50 + 10 * 40
+    assert all(s["journal_mb"] > 0 and s["median_tick_ms"] > 0 for s in doc["samples"])
+
+
+def test_a_veto_that_repeats_every_tick_is_journaled_once_per_window(tmp_path: Path) -> None:
+    j = Journal(tmp_path / "j.db")
+    clock = [1_700_000_000.0]
+    c, fleet = _controller(Config(), 100, j, clock)
+    j.put("paused", True)  # every action is vetoed, every tick
+    for _ in range(5):
+        clock[0] += 30
+        fleet.prepare()
+        c.tick()
+    vetoes = [r for r in j.actions(10_000, executed_only=False) if r["verdict"] == "veto"]
+    keys = [(r["action"], r["target"]) for r in vetoes]
+    assert vetoes and len(keys) == len(set(keys))  # one row per held action, not one per tick
+    clock[0] += loop.VETO_REPEAT_S
+    fleet.prepare()
+    c.tick()
+    again = [r for r in j.actions(10_000, executed_only=False) if r["verdict"] == "veto"]
+    again_keys = [(r["action"], r["target"]) for r in again]
+    assert all(again_keys.count(k) == 2 for k in keys)  # still held after the window: again
+    j.close()
