@@ -40,8 +40,9 @@ def rss_mb() -> float:
 
 class ChurningFleet(SyntheticFleet):
     """The synthetic fleet, as a fleet in service behaves: `churn` instances per tick leave and
-    new ones take their place; a destroyed instance is gone and another arrives in its slot; a
-    restarted daemon or rebooted instance comes back serving; a launch joins the listing."""
+    new ones take their place (on machines from a market five times the fleet's size); a
+    destroyed instance is gone and another arrives in its slot; a restarted daemon or rebooted
+    instance comes back serving; a launch joins the listing."""
 
     def __init__(self, n: int, clock: Callable[[], float], churn: int) -> None:
         super().__init__(n, clock)
@@ -65,7 +66,7 @@ class ChurningFleet(SyntheticFleet):
         if generation:
             serial = generation * self.n + i
             inst = replace(inst, id=str(10_000_000 + serial), label=f"fg-bench-{serial}",
-                           machine_id=str(500_000 + serial // 2))  # fmt: skip
+                           machine_id=str(500_000 + serial // 2 % (5 * self.n)))  # fmt: skip
         if inst.id in self.healed:
             inst = _serving(inst, now)
         return inst

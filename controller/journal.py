@@ -81,6 +81,7 @@ CREATE TABLE IF NOT EXISTS leases (
 
 HISTORY_WINDOW_S = 3 * 3600
 TRACKS_VERSION = "tracks.version"  # changes with every save: whose tracks are stored
+HOSTS_VERSION = "hosts.version"  # likewise for hosts
 UPTIME_EVERY = 10  # saves between writes of tracks whose only change is the daemon's uptime
 
 
@@ -113,6 +114,8 @@ class Journal:
         self._tracks: dict[str, Track] | None = None  # as this process last saved or read them
         self._tracks_version: str | None = None
         self._saves = 0
+        self._hosts: dict[str, dict[str, Any]] | None = None  # machine_id -> row
+        self._hosts_version: str | None = None
         self.store.create(statements(SCHEMA))
         self.store.add_column("actions", "token", "INTEGER")
 
@@ -390,14 +393,15 @@ class Journal:
                 "INSERT INTO events(instance_id, at, kind, detail) VALUES (?, ?, ?, ?)",
                 [(e.instance_id, e.at, e.kind, _dumps(e.detail)) for e in events],
             )
-            for e in events:
-                if e.kind == "bench" and e.detail.get("rate") is not None:
-                    db.execute(
-                        "INSERT INTO hosts(machine_id, bench_rate, bench_at) VALUES (?, ?, ?) "
-                        "ON CONFLICT(machine_id) DO UPDATE SET bench_rate = excluded.bench_rate, "
-                        "bench_at = excluded.bench_at",
-                        (e.detail["machine_id"], e.detail["rate"], e.at),
-                    )
+            benched = [e for e in events if e.kind == "bench" and e.detail.get("rate") is not None]
+            db.executemany(
+                "INSERT INTO hosts(machine_id, bench_rate, bench_at) VALUES (?, ?, ?) "
+                "ON CONFLICT(machine_id) DO UPDATE SET bench_rate = excluded.bench_rate, "
+                "bench_at = excluded.bench_at",
+                [(e.detail["machine_id"], e.detail["rate"], e.at) for e in benched],
+            )
+            if benched:
+                self._hosts_changed(db, [str(e.detail["machine_id"]) for e in benched])
 
         self._tracks, self._tracks_version = dict(tracks), version
 
@@ -430,9 +434,38 @@ class Journal:
                 "block_reason = excluded.block_reason",
                 (machine_id, until, reason),
             )
+            self._hosts_changed(db, [machine_id])
+
+    def _hosts_changed(self, db: Tx, machine_ids: list[str]) -> None:
+        """After a write to `hosts`, in its transaction: a new version, and this process's copy
+        brought up to date (or dropped, when another process wrote since it was read)."""
+        prior = db.execute("SELECT value FROM kv WHERE key = ?", (HOSTS_VERSION,)).fetchone()
+        version = uuid.uuid4().hex
+        db.execute("INSERT INTO kv(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET "
+                   "value = excluded.value", (HOSTS_VERSION, _dumps(version)))  # fmt: skip
+        cache = self._hosts
+        if cache is None or prior is None or json.loads(prior["value"]) != self._hosts_version:
+            self._hosts, self._hosts_version = None, None
+            return
+        ids = sorted(set(machine_ids))
+        marks = ", ".join("?" * len(ids))
+        for row in db.execute(f"SELECT * FROM hosts WHERE machine_id IN ({marks})", ids).rows:
+            cache[str(row["machine_id"])] = row
+        self._hosts_version = version
 
     def hosts(self) -> list[dict[str, Any]]:
-        return self._all("SELECT * FROM hosts ORDER BY machine_id")
+        """Every host we know of, by machine id."""
+        cache = self._host_rows()
+        return [dict(cache[k]) for k in sorted(cache)]
+
+    def _host_rows(self) -> dict[str, dict[str, Any]]:
+        """The hosts table: from memory while this process wrote it last (read-only rows)."""
+        row = self._one("SELECT value FROM kv WHERE key = ?", (HOSTS_VERSION,))
+        stored = json.loads(row["value"]) if row else None
+        if self._hosts is None or stored != self._hosts_version:
+            rows = self._all("SELECT * FROM hosts")
+            self._hosts, self._hosts_version = {str(r["machine_id"]): r for r in rows}, stored
+        return self._hosts
 
     def add_replacement(
         self, old_id: str, new_label: str, now: float, deadline: float, action_id: int
@@ -467,7 +500,7 @@ class Journal:
                 (since,),
             )
         )
-        hosts = self.hosts()
+        hosts = list(self._host_rows().values())  # read only
         acted = self._all(
             "SELECT action, target, MAX(at) AS at FROM actions WHERE verdict = 'act' "
             "AND status != 'failed' AND at >= ? GROUP BY action, target",

@@ -8,6 +8,7 @@ instances that vanished). The journal stores both; `facts` derives temporal fiel
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from controller.model import Instance, Observation
@@ -55,11 +56,16 @@ class History:
     pending_launches: int = 0  # launched, not yet in the listing: capacity on its way
 
     def count(self, instance_id: str, kind: str, since: float) -> int:
-        return sum(
-            1
-            for e in self.events
-            if e.instance_id == instance_id and e.kind == kind and e.at >= since
-        )
+        return sum(1 for e in self._by_instance.get(instance_id, ()) if e.kind == kind
+                   and e.at >= since)  # fmt: skip
+
+    @cached_property
+    def _by_instance(self) -> dict[str, list[Event]]:
+        """Events per instance, built once (a fact per instance asks; scanning all is N x E)."""
+        out: dict[str, list[Event]] = {}
+        for e in self.events:
+            out.setdefault(e.instance_id, []).append(e)
+        return out
 
     def host_blocked(self, machine_id: str, now: float) -> bool:
         return self.host_blocks.get(machine_id, 0.0) > now

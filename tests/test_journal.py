@@ -270,3 +270,19 @@ def test_tracks_are_saved_by_change_and_read_back_by_any_process(j: Journal) -> 
     other.save_tracks({"3": _track("3", 5)}, [])
     assert j.tracks() == {"3": _track("3", 5)} and j.history(0.0).instances == j.tracks()
     other.close()
+
+
+def test_hosts_written_here_or_elsewhere_read_back_the_same(j: Journal) -> None:
+    j.save_tracks({}, [Event("1", 5.0, "bench", {"machine_id": "m1", "rate": 30.0})])
+    assert j.history(10.0).host_rates == {"m1": 30.0}
+    j.block_host("m1", 100.0, "crash loop")
+    other = other_reader(j)
+    assert other.history(10.0).host_blocks == {"m1": 100.0}
+    other.block_host("m2", 200.0, "slow")  # written elsewhere: this process reads again
+    j.save_tracks({}, [Event("2", 6.0, "bench", {"machine_id": "m1", "rate": 35.0})])
+    h = j.history(10.0)
+    assert h.host_rates == {"m1": 35.0} and h.host_blocks == {"m1": 100.0, "m2": 200.0}
+    assert [(r["machine_id"], r["failures"]) for r in j.hosts()] == [("m1", 1), ("m2", 1)]
+    j.hosts()[0]["failures"] = 99  # a caller's copy, not the journal's
+    assert j.hosts()[0]["failures"] == 1 and other.hosts() == j.hosts()
+    other.close()
