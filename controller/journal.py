@@ -580,11 +580,12 @@ class Journal:
 
     # ---- launches not yet confirmed by a listing ---------------------------------------------
     def recent_launches(self, since: float) -> list[dict[str, Any]]:
-        """Single launches (one row each, keyed by label) since `since`, any outcome but failed."""
+        """Single launches (one row each, keyed by label): every one still open (intent or
+        unknown outcome, however old), and those that succeeded since `since`."""
         rows = self._all(
             "SELECT id, at, status, key, result FROM actions WHERE action = 'launch' AND "
-            "parent_id IS NOT NULL AND status IN ('intent', 'unknown', 'ok') AND at >= ? "
-            "ORDER BY id",
+            "parent_id IS NOT NULL AND (status IN ('intent', 'unknown') OR "
+            "(status = 'ok' AND at >= ?)) ORDER BY id",
             (since,),
         )
         for r in rows:
@@ -620,12 +621,13 @@ class Journal:
         return {str(r["target"]).removeprefix("instance:") for r in rows}
 
     def close_interrupted(self, now: float, listed: set[str] | None = None) -> list[dict[str, Any]]:
-        """Intents left by a run that stopped between intent and result (not launches: those
-        are reconciled by their label), closed and returned. With the provider's listing
+        """Intents left by a run that stopped between intent and result (not single launches:
+        those are reconciled by their label), closed and returned. With the provider's listing
         (`listed`: instance ids), a destroy whose target is gone is recorded as done;
-        everything else as `interrupted`, and the rules decide again from what is sensed."""
+        everything else (a launch of several included: its single launches go on being
+        reconciled) as `interrupted`, and the rules decide again from what is sensed."""
         rows = self._all("SELECT id, action, target FROM actions WHERE status = 'intent' AND "
-                         "action != 'launch' ORDER BY id")  # fmt: skip
+                         "(action != 'launch' OR parent_id IS NULL) ORDER BY id")  # fmt: skip
         for r in rows:
             target = str(r["target"]).removeprefix("instance:")
             if r["action"] == "destroy" and listed is not None and target not in listed:

@@ -7,6 +7,8 @@ renewing (it died, or lost its database), another controller takes the lease ove
 expired and gets the next token. While a process leads, the journal's `fence` carries its token
 and every action it records is checked against the lease in the same transaction
 (`Journal.record`): a controller whose lease was taken over, or ran out, acts on nothing.
+Once it has led, the fence stays set (on the lost term) until the lease is released, so a
+tick still running when the loss is noticed is refused too.
 
 The provider cannot check a token itself, so a leader also stops acting while its lease has
 less than `margin_s` left: an action recorded then could still be running when a successor
@@ -74,7 +76,13 @@ class Lease:
             token = None
         was = self.token
         self.token = token
-        self.journal.fence = Fence(self.name, self.holder, token) if token is not None else None
+        if token is not None:
+            self.journal.fence = Fence(self.name, self.holder, token)
+        elif was is not None:
+            # a tick may still be under way (this thread learns of the loss first): it keeps
+            # the lost term's fence, which the store refuses, never no fence, which it would
+            # not check
+            self.journal.fence = Fence(self.name, self.holder, was)
         if token is not None and was != token:
             log.warning("leading as %s (lease %r, token %d, ttl %.0f s)", self.holder,
                         self.name, token, self.ttl_s)  # fmt: skip

@@ -80,7 +80,7 @@ class Runner:
             left = read(self.lease.journal, self.lease.name).expires_in_s
         except JournalError as exc:
             log.error("lease %r: %s; not acting until it is renewed", self.lease.name, exc)
-            self.lease.token, self.lease.journal.fence = None, None
+            self.lease.token = None  # no new tick; the fence stays: the store still checks it
             return self.renew_s
         return min(self.renew_s, max(0.05, left + 0.05))
 

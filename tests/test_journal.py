@@ -175,9 +175,13 @@ def test_launch_records_are_reconciled_by_label(j: Journal) -> None:
     rows = j.recent_launches(50.0)
     assert [(r["key"], r["status"]) for r in rows] == [("fg-a", "intent"), ("fg-b", "unknown")]
     assert rows[1]["result"] == {"error": "timeout"} and rows[0]["result"] == {}
-    assert j.recent_launches(150.0) == []
+    # open ones however old (until listed or lost); a success only within the window
+    assert [r["key"] for r in j.recent_launches(150.0)] == ["fg-a", "fg-b"]
+    j.finish(a, 160.0, "ok", {"instance": "7"})
+    assert [r["key"] for r in j.recent_launches(99.0)] == ["fg-a", "fg-b"]
+    assert [r["key"] for r in j.recent_launches(150.0)] == ["fg-b"]
     assert j.history(120.0).launches == (100.0, 100.0)
-    assert [r["id"] for r in j.in_flight()] == [a]
+    assert [r["id"] for r in j.in_flight()] == []
 
 
 def test_an_interrupted_run_leaves_intents_that_are_closed_once(j: Journal) -> None:

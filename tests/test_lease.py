@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from support import journal_on
 
+from controller.cli import main
 from controller.journal import Fence, Journal
 from controller.lease import Lease, read
 from controller.schedule import Runner
-from controller.store import PostgresStore, StaleLeader
+from controller.store import JournalError, PostgresStore, StaleLeader
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -64,8 +65,47 @@ def test_a_stale_leader_is_refused_and_nothing_is_written(j: Journal) -> None:
         act(j)  # a still believes it leads: the store refuses it
     assert [r["target"] for r in j.actions()] == []
     act(other, "instance:2")
-    assert not a.renew() and j.fence is None  # a learns it lost, and stands by
+    assert not a.renew() and not a.leading  # a learns it lost, and stands by
+    with pytest.raises(StaleLeader):
+        act(j)  # its fence stays on the lost term
     assert [(r["target"], r["token"]) for r in j.actions()] == [("instance:2", 2)]
+    other.close()
+
+
+def test_a_tick_still_running_when_the_lease_is_lost_is_refused(j: Journal) -> None:
+    """The lease thread learns of the loss first; the tick it interrupted goes on acting."""
+    other = peer(j)
+    a = Lease(j, "a", ttl_s=0.3, margin_s=0.1)
+    assert a.renew()
+    act(j, "instance:1")  # a leads and is mid-tick...
+    time.sleep(0.4)  # ...when it is paused past its lease (SIGSTOP, a long GC, a VM stall)
+    assert Lease(other, "b", ttl_s=30).renew()
+    assert not a.renew()  # on waking, a's lease thread renews first and loses...
+    with pytest.raises(StaleLeader, match="held by b"):
+        act(j, "instance:2")  # ...and the tick's next action is refused, not unchecked
+    assert [r["target"] for r in j.actions()] == ["instance:1"]
+    other.close()
+
+
+def test_a_renewal_the_database_failed_leaves_the_tick_fenced(
+    j: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    other = peer(j)
+    a = Lease(j, "a", ttl_s=0.3, margin_s=0.1)
+    runner = Runner(lambda: None, 1.0, lease=a, renew_s=0.1)
+    runner._renew()
+    assert a.leading
+
+    def unreachable() -> None:
+        raise JournalError("journal (test): connection lost")
+
+    monkeypatch.setattr(a, "_acquire", unreachable)
+    runner._renew()  # the lease thread cannot reach the database: a stands by
+    assert not a.leading
+    time.sleep(0.4)
+    assert Lease(other, "b", ttl_s=30).renew()
+    with pytest.raises(StaleLeader, match="held by b"):
+        act(j)  # a tick of a's still under way is refused
     other.close()
 
 
@@ -142,3 +182,22 @@ def test_runners_on_one_journal_tick_one_at_a_time_and_fail_over(tmp_path: Path)
         threads["b"].join()
         for x in opened:
             x.close()
+
+
+def test_a_cron_tick_takes_the_lease_and_stands_aside_for_a_leader(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = tmp_path / "s"
+    assert main(["--state", str(state), "tick"]) == 0
+    j = Journal(state / "journal.db")
+    assert len(j.ticks()) == 1 and not read(j).live  # released after the tick
+    assert main(["--state", str(state), "status"]) == 0
+    assert "leader: none (last " in capsys.readouterr().out
+    leader = Lease(j, "ops-1:4242", ttl_s=60)
+    assert leader.renew()
+    assert main(["--state", str(state), "tick"]) == 0
+    assert "ops-1:4242 leads (token 2" in capsys.readouterr().err
+    assert len(j.ticks()) == 1  # it did not tick
+    assert main(["--state", str(state), "status"]) == 0
+    assert "leader: ops-1:4242 (token 2, lease" in capsys.readouterr().out
+    j.close()
