@@ -34,6 +34,8 @@ CREATE TABLE IF NOT EXISTS actions (
 );
 CREATE INDEX IF NOT EXISTS actions_at ON actions(at);
 CREATE INDEX IF NOT EXISTS actions_status ON actions(status);
+CREATE INDEX IF NOT EXISTS actions_kind ON actions(action, status, at);
+CREATE INDEX IF NOT EXISTS actions_target ON actions(target, at);
 CREATE TABLE IF NOT EXISTS escalations (
   id INTEGER PRIMARY KEY, fingerprint TEXT NOT NULL, kind TEXT NOT NULL, subject TEXT NOT NULL,
   summary TEXT NOT NULL, created_at REAL NOT NULL, deadline REAL NOT NULL, status TEXT NOT NULL,
@@ -41,6 +43,7 @@ CREATE TABLE IF NOT EXISTS escalations (
   answer TEXT, executed_action_id INTEGER
 );
 CREATE INDEX IF NOT EXISTS escalations_fp ON escalations(fingerprint, created_at);
+CREATE INDEX IF NOT EXISTS escalations_status ON escalations(status);
 CREATE TABLE IF NOT EXISTS deliveries (
   id INTEGER PRIMARY KEY, escalation_id INTEGER NOT NULL, channel TEXT NOT NULL, at REAL NOT NULL,
   ok INTEGER NOT NULL, detail TEXT
@@ -51,6 +54,7 @@ CREATE TABLE IF NOT EXISTS events (
   detail TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_at ON events(at);
+CREATE INDEX IF NOT EXISTS events_kind ON events(kind, at);
 CREATE TABLE IF NOT EXISTS hosts (
   machine_id TEXT PRIMARY KEY, bench_rate REAL, bench_at REAL, failures INTEGER DEFAULT 0,
   blocked_until REAL, block_reason TEXT
@@ -501,9 +505,10 @@ class Journal:
             )
         )
         hosts = list(self._host_rows().values())  # read only
-        acted = self._all(
-            "SELECT action, target, MAX(at) AS at FROM actions WHERE verdict = 'act' "
-            "AND status != 'failed' AND at >= ? GROUP BY action, target",
+        acted = self._all(  # the window first (else a planner may walk the whole table)
+            "WITH recent AS MATERIALIZED (SELECT action, target, at FROM actions WHERE "
+            "at >= ? AND verdict = 'act' AND status != 'failed') "
+            "SELECT action, target, MAX(at) AS at FROM recent GROUP BY action, target",
             (since,),
         )
         launches = self._all(
@@ -582,12 +587,10 @@ class Journal:
     def recent_launches(self, since: float) -> list[dict[str, Any]]:
         """Single launches (one row each, keyed by label): every one still open (intent or
         unknown outcome, however old), and those that succeeded since `since`."""
-        rows = self._all(
-            "SELECT id, at, status, key, result FROM actions WHERE action = 'launch' AND "
-            "parent_id IS NOT NULL AND (status IN ('intent', 'unknown') OR "
-            "(status = 'ok' AND at >= ?)) ORDER BY id",
-            (since,),
-        )
+        head = "SELECT id, at, status, key, result FROM actions WHERE action = 'launch' AND "
+        rows = self._all(head + "parent_id IS NOT NULL AND status IN ('intent', 'unknown')")
+        rows += self._all(head + "parent_id IS NOT NULL AND status = 'ok' AND at >= ?", (since,))
+        rows.sort(key=lambda r: int(r["id"]))
         for r in rows:
             r["result"] = json.loads(r["result"]) if r["result"] else {}
         return rows
