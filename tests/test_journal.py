@@ -3,12 +3,15 @@ results, history, escalations answered once, unique launch labels, the lease's f
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import journal_on
+from support import PG_DSN, journal_on
 
+from controller import wiring
+from controller.config import ConfigError, parse_config
 from controller.journal import UPTIME_EVERY, Journal
 from controller.store import DuplicateKey, PostgresStore
 from controller.track import Event, Track
@@ -290,3 +293,24 @@ def test_hosts_written_here_or_elsewhere_read_back_the_same(j: Journal) -> None:
     j.hosts()[0]["failures"] = 99  # a caller's copy, not the journal's
     assert j.hosts()[0]["failures"] == 1 and other.hosts() == j.hosts()
     other.close()
+
+
+def test_the_config_puts_the_journal_on_postgresql(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    schema = "fg_test_cfg_" + os.urandom(4).hex()
+    cfg = parse_config("c.yaml", "journal:\n  dsn: {env: FG_TEST_JOURNAL_DSN}\n"
+                       f"  schema_name: {schema}\n")  # fmt: skip
+    with pytest.raises(ConfigError, match="journal.dsn"):
+        wiring.open_journal(cfg, tmp_path)  # the variable is not set
+    monkeypatch.setenv("FG_TEST_JOURNAL_DSN", PG_DSN)
+    j = wiring.open_journal(cfg, tmp_path)
+    try:
+        assert isinstance(j.store, PostgresStore) and j.store.schema == schema
+        assert "password" not in j.store.where and schema in j.store.where
+        j.put("k", 1)
+        assert not (tmp_path / "journal.db").exists() and j.get("k") == 1
+    finally:
+        assert isinstance(j.store, PostgresStore)
+        j.store.drop()
+        j.close()
