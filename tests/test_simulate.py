@@ -186,6 +186,15 @@ def test_trace_loader_reads_a_duration_column_with_scales(tmp_path: Path) -> Non
     assert len(every) == 4 and every[1] == TraceTask(50.0, 900.0)
 
 
+def test_trace_loader_caps_service_times(tmp_path: Path) -> None:
+    csv = tmp_path / "jobs.csv"
+    csv.write_text("creation_time,deletion_time,num_gpu\n0,100,1\n10,90010,1\n20,5020,1\n")
+    got = load_trace(csv, max_service_s=3600.0, service_scale=0.5)
+    # lifetimes 100, 90000, 5000 halved: 60 (the floor), 45000 -> 3600, 2500
+    assert [t.service_s for t in got] == [60.0, 3600.0, 2500.0]
+    assert load_trace(csv, max_service_s=10.0)[1].service_s == 60.0  # never below the floor
+
+
 def test_trace_loader_reads_custom_start_and_end_columns(tmp_path: Path) -> None:
     csv = tmp_path / "jobs.csv"
     csv.write_text("start,stop\n500,1700\n400,460\n")
@@ -253,11 +262,14 @@ def test_simulate_takes_a_duration_column(tmp_path: Path, capsys: pytest.Capture
     csv.write_text("queued_at,proving_s\n" + rows)
     argv = ["simulate", "--trace", str(csv), "--arrival-col", "queued_at", "--service-col",
             "proving_s", "--gpu-col", "", "--time-scale", "2", "--days", "0.1",
-            "--report", str(tmp_path / "r")]  # fmt: skip
+            "--max-service-s", "620", "--report", str(tmp_path / "r")]  # fmt: skip
     assert main(argv) == 0
     doc = json.loads((tmp_path / "r" / "report.json").read_text())
     assert doc["trace"]["service_col"] == "proving_s" and doc["trace"]["time_scale"] == 2.0
     assert doc["tasks"] == 30  # arrivals every 240 s: 0 to 6960, all within 0.1 days (8640 s)
+    assert doc["trace"]["max_service_s"] == 620.0
+    replayed = (tmp_path / "r" / "state" / "trace.csv").read_text().splitlines()[1:]
+    assert max(float(e) - float(a) for a, e, _ in (r.split(",") for r in replayed)) <= 620.0
     assert doc["policies"]["oracle"]["instances_started"] >= 1
     assert "fleetgate" in capsys.readouterr().out
 

@@ -35,13 +35,15 @@ def load_trace(
     filter_gpu_col: str | None = "num_gpu",
     time_scale: float = 1.0,
     service_scale: float = 1.0,
+    max_service_s: float | None = None,
     limit: int | None = None,
 ) -> list[TraceTask]:
     """Tasks of the CSV at `path`, sorted by arrival.
 
     Rows whose `filter_gpu_col` is 0 are skipped (CPU-only tasks). Arrival is (arrival - the
     first kept arrival) x `time_scale`; service is max(60, lifetime x `service_scale`), where
-    the lifetime is the `service_col` value when one is named, else `end_col` - `arrival_col`.
+    the lifetime is the `service_col` value when one is named, else `end_col` - `arrival_col`,
+    and at most `max_service_s` when that is given.
     `limit` keeps only the first `limit` kept rows of the file. Raises ValueError("path:line: ...")
     on a malformed row and OSError when the file cannot be read.
     """
@@ -56,8 +58,9 @@ def load_trace(
     if not rows:
         return []
     first = min(start for start, _ in rows)
+    cap = math.inf if max_service_s is None else max(max_service_s, MIN_SERVICE_S)
     tasks = [
-        TraceTask((start - first) * time_scale, max(MIN_SERVICE_S, life * service_scale))
+        TraceTask((start - first) * time_scale, min(cap, max(MIN_SERVICE_S, life * service_scale)))
         for start, life in rows
     ]
     return sorted(tasks, key=lambda t: t.arrival_s)

@@ -55,6 +55,8 @@ def add_parser(sub: Any) -> None:
                    "the config's sim.world.trace_time_scale if set, else 1)")  # fmt: skip
     p.add_argument("--service-scale", type=float, help="factor on service times (default: "
                    "the config's sim.world.trace_service_scale if set, else 1)")  # fmt: skip
+    p.add_argument("--max-service-s", type=float, help="cap on a task's service time after "
+                   "scaling (default: none)")  # fmt: skip
     p.add_argument("--deadline-s", type=float, default=DEADLINE_S,
                    help="a task waiting longer than this to start misses its deadline "
                    f"(default {DEADLINE_S:g})")  # fmt: skip
@@ -117,7 +119,8 @@ def _check(args: argparse.Namespace, config: Config) -> str:
     if config.provider != "sim" or config.demand != "sim":
         return (f"the config's provider is {config.provider!r} and demand {config.demand!r}; "
                 "simulate runs the built-in simulator (provider: sim, demand: sim)")  # fmt: skip
-    for name in ("days", "time_scale", "service_scale", "deadline_s", "baseline_dph"):
+    names = ("days", "time_scale", "service_scale", "max_service_s", "deadline_s", "baseline_dph")
+    for name in names:
         value = getattr(args, name)
         if value is not None and value <= 0:
             return f"--{name.replace('_', '-')} must be > 0, got {value!r}"
@@ -141,6 +144,7 @@ def _load(args: argparse.Namespace, scales: tuple[float, float]) -> list[TraceTa
         filter_gpu_col=args.gpu_col or None,
         time_scale=scales[0],
         service_scale=scales[1],
+        max_service_s=args.max_service_s,
     )
 
 
@@ -165,7 +169,8 @@ def _meta(args: argparse.Namespace, scales: tuple[float, float], tasks: list[Tra
         "trace": {"path": str(args.trace), "arrival_col": args.arrival_col,
                   "end_col": None if args.service_col else args.end_col,
                   "service_col": args.service_col, "gpu_col": args.gpu_col or None,
-                  "time_scale": scales[0], "service_scale": scales[1]},  # fmt: skip
+                  "time_scale": scales[0], "service_scale": scales[1],
+                  "max_service_s": args.max_service_s},  # fmt: skip
         "tasks": len(tasks), "ticks": ticks, "seconds_per_tick": step, "seed": seed,
         "horizon_s": ticks * step, "days": ticks * step / DAY, "deadline_s": args.deadline_s,
         "answer_after_s": args.answer_after_s,
