@@ -133,3 +133,11 @@ def journal_on(kind: str, tmp_path: Path) -> Iterator[Journal]:
     finally:
         store.drop()
         store.close()
+
+
+def peer(j: Journal) -> Journal:
+    """A second connection to `j`'s store, as another process (or controller) would have."""
+    if isinstance(j.store, PostgresStore):
+        return Journal(PostgresStore(j.store._dsn, j.store.schema))
+    assert j.path is not None
+    return Journal(j.path)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import PG_DSN, journal_on
+from support import PG_DSN, journal_on, peer
 
 from controller import wiring
 from controller.config import ConfigError, parse_config
@@ -25,19 +25,11 @@ def j(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Journal]:
         yield journal
 
 
-def other_reader(j: Journal) -> Journal:
-    """A second connection to the same store, as another process would have."""
-    if isinstance(j.store, PostgresStore):
-        return Journal(PostgresStore(j.store._dsn, j.store.schema))
-    assert j.path is not None
-    return Journal(j.path)
-
-
 def test_an_intent_is_durable_before_the_result(j: Journal) -> None:
     aid = j.record(tick_id=1, now=10.0, action="launch", target="fleet", params={"label": "x"},
                    proposer="rule:r", reason="why", confidence=0.9, verdict="act", why="ok",
                    status="intent", key="x")  # fmt: skip
-    other = other_reader(j)  # another process would see it
+    other = peer(j)  # another process would see it
     assert [(r["id"], r["status"]) for r in other.in_flight()] == [(aid, "intent")]
     other.close()
     assert [r["key"] for r in j.in_flight()] == ["x"]
@@ -126,7 +118,7 @@ def test_key_value_and_reopen(j: Journal) -> None:
     j.put("paused", True)
     j.put("paused", False)
     j.put("sim", {"t": 1.5, "ids": [1, 2]})
-    other = other_reader(j)
+    other = peer(j)
     assert other.get("paused") is False and other.get("sim") == {"t": 1.5, "ids": [1, 2]}
     assert other.get("missing", 7) == 7
     other.close()
@@ -261,7 +253,7 @@ def _track(i: str, uptime: float, stage: str = "running") -> Track:
 
 def test_tracks_are_saved_by_change_and_read_back_by_any_process(j: Journal) -> None:
     j.save_tracks({"1": _track("1", 10), "2": _track("2", 10)}, [])
-    other = other_reader(j)
+    other = peer(j)
     assert other.tracks() == {"1": _track("1", 10), "2": _track("2", 10)}
     # uptime alone: this process sees it at once, others within UPTIME_EVERY saves
     j.save_tracks({"1": _track("1", 40), "2": _track("2", 40, stage="params")}, [])
@@ -283,7 +275,7 @@ def test_hosts_written_here_or_elsewhere_read_back_the_same(j: Journal) -> None:
     j.save_tracks({}, [Event("1", 5.0, "bench", {"machine_id": "m1", "rate": 30.0})])
     assert j.history(10.0).host_rates == {"m1": 30.0}
     j.block_host("m1", 100.0, "crash loop")
-    other = other_reader(j)
+    other = peer(j)
     assert other.history(10.0).host_blocks == {"m1": 100.0}
     other.block_host("m2", 200.0, "slow")  # written elsewhere: this process reads again
     j.save_tracks({}, [Event("2", 6.0, "bench", {"machine_id": "m1", "rate": 35.0})])

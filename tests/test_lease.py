@@ -8,27 +8,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import journal_on
+from support import journal_on, peer
 
 from controller.cli import main
 from controller.journal import Fence, Journal
 from controller.lease import Lease, read
 from controller.schedule import Runner
-from controller.store import JournalError, PostgresStore, StaleLeader
+from controller.store import JournalError, StaleLeader
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def j(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Journal]:
     with journal_on(request.param, tmp_path) as journal:
         yield journal
-
-
-def peer(j: Journal) -> Journal:
-    """Another controller's connection to the same journal."""
-    if isinstance(j.store, PostgresStore):
-        return Journal(PostgresStore(j.store._dsn, j.store.schema))
-    assert j.path is not None
-    return Journal(j.path)
 
 
 def act(j: Journal, target: str = "instance:1") -> int:
