@@ -5,7 +5,7 @@ Three panels sharing the time axis (days from the trace start):
 1. tasks waiting in the queue: fleetgate, static, proportional (the oracle never queues);
 2. fleetgate's fleet by state (booting, serving, lost or rebooting) stacked, with the
    baselines' fleet sizes as lines;
-3. cumulative spend of all four.
+3. cumulative spend of all four (on a log scale when one costs over 5 times another).
 
 Drawn with matplotlib's Agg canvas directly (no pyplot state, no display needed).
 """
@@ -53,13 +53,17 @@ def draw(path: Path, outcomes: Sequence[Outcome], title: str) -> Path:
         if name in by_name:
             s = by_name[name].series
             fleet.plot([x.t / DAY for x in s], [x.booting + x.serving for x in s],
-                       label=f"{name} instances", color=COLORS[name], linewidth=0.9)  # fmt: skip
+                       label=f"{name} instances", color=COLORS[name], linewidth=0.7,
+                       alpha=0.7)  # fmt: skip
     fleet.set_ylabel("instances")
     fleet.legend(loc="upper left", fontsize="small")
 
     for o in outcomes:
         spend.plot([x.t / DAY for x in o.series], [x.spend_usd for x in o.series],
                    label=f"{o.name} (${o.cost_usd:,.0f})", color=COLORS.get(o.name))  # fmt: skip
+    finals = [o.cost_usd for o in outcomes if o.cost_usd > 0]
+    if finals and max(finals) > 5 * min(finals):  # a static fleet would flatten the others
+        spend.set_yscale("symlog", linthresh=1.0)
     spend.set_ylabel("cumulative spend, $")
     spend.set_xlabel("days from the trace start")
     spend.legend(loc="upper left")
