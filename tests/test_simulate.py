@@ -98,6 +98,9 @@ def test_proportional_scales_on_the_queue_and_shrinks_after_the_cooldown() -> No
     assert out.instance_s == pytest.approx(100.0)
     assert out.cost_usd == pytest.approx(0.10)
     assert out.instances_started == 1 and out.peak_instances == 1
+    # by state, poll by poll: booting 10-40, busy 40-90, idle 90-110 (seconds as hours)
+    assert out.notes["instance_hours_by_state"] == pytest.approx(
+        {"booting": 30 / 3600, "busy": 50 / 3600, "idle": 20 / 3600}, abs=1e-4)  # fmt: skip
 
 
 def test_proportional_packs_waiting_tasks_on_one_instance() -> None:

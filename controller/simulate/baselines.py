@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from controller.sim.trace import TraceTask
 from controller.simulate.fifo import FifoFleet
@@ -72,6 +73,7 @@ def proportional(tasks: Sequence[TraceTask], p: BaselineParams) -> Outcome:
     fleet = FifoFleet(within(tasks, p.horizon_s), p.slots)
     window: deque[tuple[float, int]] = deque()  # (time, target) within the cooldown
     series: list[Sample] = []
+    hours = {"booting": 0.0, "busy": 0.0, "idle": 0.0}  # per poll, until the next one
     next_sample = 0.0
     polls = math.floor(p.horizon_s / p.interval_s)
     for k in range(polls + 1):
@@ -89,11 +91,14 @@ def proportional(tasks: Sequence[TraceTask], p: BaselineParams) -> Outcome:
                 fleet.launch(t, t + p.boot_s)
         else:
             fleet.remove_idle(live - max(w for _, w in window), t)
+        for state, count in fleet.states(t).items():
+            hours[state] += count * min(p.interval_s, p.horizon_s - t) / 3600.0
         if t >= next_sample:
             series.append(_sample(fleet, t, p))
             next_sample += p.sample_s
     fleet.run_until(p.horizon_s)
-    notes = {"cooldown_s": p.cooldown_s, "interval_s": p.interval_s}
+    notes = {"cooldown_s": p.cooldown_s, "interval_s": p.interval_s,
+             "instance_hours_by_state": {k: round(v, 4) for k, v in hours.items()}}  # fmt: skip
     return _outcome("proportional", fleet, p, series, notes=notes)
 
 
@@ -155,7 +160,7 @@ def _sample(fleet: FifoFleet, t: float, p: BaselineParams) -> Sample:
 
 
 def _outcome(
-    name: str, fleet: FifoFleet, p: BaselineParams, series: list[Sample], notes: dict[str, float]
+    name: str, fleet: FifoFleet, p: BaselineParams, series: list[Sample], notes: dict[str, Any]
 ) -> Outcome:
     censored = fleet.censored_waits(p.horizon_s)
     return Outcome(

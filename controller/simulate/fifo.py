@@ -58,6 +58,13 @@ class FifoFleet:
     def booting(self) -> int:
         return sum(1 for i in self._instances.values() if i.ready_at > self._now)
 
+    def states(self, t: float) -> dict[str, int]:
+        """Live instances at `t` by what they do: booting, busy (holding a task) or idle."""
+        out = {"booting": 0, "busy": 0, "idle": 0}
+        for inst in self._instances.values():
+            out["booting" if inst.ready_at > t else "busy" if inst.busy else "idle"] += 1
+        return out
+
     def remove_idle(self, count: int, at: float) -> int:
         """Give back up to `count` instances holding no task (booting ones first, newest first).
 
