@@ -5,6 +5,9 @@
     adversarial_llm(n, seed)          hostile LLM answers through the router and the guards
     secrets_scan()                    configured secrets in prompts, messages, logs, journal
 
+and, with `fleetgate` processes on real servers, kill9.kill9 (SIGKILL with launches in flight)
+and failover.failover / failover.paused_leader (two controllers on one PostgreSQL journal).
+
 A harm counter's name is listed in HARMS[scenario]; everything else is statistics.
 """
 
@@ -35,6 +38,8 @@ from fakes.vast_server import (
     Status,
     offer,
 )
+from reliability import failover as _failover
+from reliability import kill9 as _kill9
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "rules"
@@ -44,6 +49,10 @@ HARMS = {
     "fuzzed_rules": ("crashes", "errors_without_line", "dropped_good_rules"),
     "adversarial_llm": ("beyond_guards", "invalid_acted"),
     "secrets_scan": ("occurrences",),
+    # with real processes: tests/reliability/kill9.py and failover.py
+    "kill9": _kill9.HARMS,
+    "failover": _failover.HARMS,
+    "paused_leader": _failover.HARMS,
 }
 
 
