@@ -32,41 +32,38 @@ SAMPLES = 3000  # points per time series in the chart
 def add_parser(sub: Any) -> None:
     """The `simulate` subcommand and its options (`sub`: the CLI's subparsers)."""
     p = sub.add_parser("simulate", help="replay a task trace: fleetgate beside three baselines")
-    p.add_argument("--trace", required=True, metavar="FILE", help="CSV of tasks")
-    p.add_argument("--days", type=float, help="virtual days to run (default: the whole trace, "
-                   "to the last arrival plus the deadline)")  # fmt: skip
-    p.add_argument(
-        "--config",
-        dest="simulate_config",
-        metavar="FILE",
-        help="config file (default: the global --config, else the defaults)",
-    )
-    p.add_argument("--report", default="simulate-report", metavar="DIR",
-                   help="where report.json, simulate.png and the journal go")  # fmt: skip
-    p.add_argument("--seed", type=int, help="simulator seed (default: the config's sim.seed)")
-    p.add_argument("--arrival-col", default="creation_time", help="arrival time column, s")
+    add = p.add_argument
+    add("--trace", required=True, metavar="FILE", help="CSV of tasks")
+    add("--days", type=float, metavar="N",
+        help="virtual days to run (default: to the last arrival plus the deadline)")  # fmt: skip
+    add("--config", dest="simulate_config", metavar="FILE",
+        help="config file (default: the global --config, else the defaults)")  # fmt: skip
+    add("--report", default="simulate-report", metavar="DIR",
+        help="report.json, simulate.png and the journal (default: ./simulate-report)")  # fmt: skip
+    add("--seed", type=int, metavar="S", help="simulator seed (default: the config's sim.seed)")
+    add("--arrival-col", default="creation_time", metavar="COL",
+        help="arrival time column, seconds (default: creation_time)")  # fmt: skip
     end = p.add_mutually_exclusive_group()
-    end.add_argument("--end-col", default="deletion_time", help="end time column, s")
-    end.add_argument("--service-col", help="service time (duration) column, s; instead of "
-                     "--end-col")  # fmt: skip
-    p.add_argument("--gpu-col", default="num_gpu",
-                   help="rows where this column is 0 are skipped; '' keeps every row")  # fmt: skip
-    p.add_argument("--time-scale", type=float, help="factor on inter-arrival times (default: "
-                   "the config's sim.world.trace_time_scale if set, else 1)")  # fmt: skip
-    p.add_argument("--service-scale", type=float, help="factor on service times (default: "
-                   "the config's sim.world.trace_service_scale if set, else 1)")  # fmt: skip
-    p.add_argument("--max-service-s", type=float, help="cap on a task's service time after "
-                   "scaling (default: none)")  # fmt: skip
-    p.add_argument("--deadline-s", type=float, default=DEADLINE_S,
-                   help="a task waiting longer than this to start misses its deadline "
-                   f"(default {DEADLINE_S:g})")  # fmt: skip
-    p.add_argument("--cooldown-s", type=float, default=COOLDOWN_S,
-                   help="proportional baseline's scale-down window "
-                   f"(default {COOLDOWN_S:g}, HPA's and KEDA's)")  # fmt: skip
-    p.add_argument("--baseline-dph", type=float, help="baselines' $ per instance-hour "
-                   "(default: what fleetgate paid on average in this run)")  # fmt: skip
-    p.add_argument("--answer-after-s", type=float, help="a replay operator answers each "
-                   "escalation this long after it is raised (default: nobody answers)")  # fmt: skip
+    end.add_argument("--end-col", default="deletion_time", metavar="COL",
+                     help="end time column, seconds (default: deletion_time)")  # fmt: skip
+    end.add_argument("--service-col", metavar="COL",
+                     help="service time column, seconds (instead of --end-col)")  # fmt: skip
+    add("--gpu-col", default="num_gpu", metavar="COL",
+        help="rows where it is 0 are skipped (default: num_gpu; '' keeps every row)")  # fmt: skip
+    add("--time-scale", type=float, metavar="F", help="factor on arrival times "
+        "(default: the config's sim.world.trace_time_scale, else 1)")  # fmt: skip
+    add("--service-scale", type=float, metavar="F", help="factor on service times "
+        "(default: the config's sim.world.trace_service_scale, else 1)")  # fmt: skip
+    add("--max-service-s", type=float, metavar="S",
+        help="cap on a service time after scaling (default: none)")  # fmt: skip
+    add("--deadline-s", type=float, default=DEADLINE_S, metavar="S",
+        help=f"a task waiting longer to start misses it (default: {DEADLINE_S:g})")  # fmt: skip
+    add("--cooldown-s", type=float, default=COOLDOWN_S, metavar="S",
+        help=f"proportional baseline's scale-down window (default: {COOLDOWN_S:g})")  # fmt: skip
+    add("--baseline-dph", type=float, metavar="USD",
+        help="baselines' $ per instance-hour (default: fleetgate's average)")  # fmt: skip
+    add("--answer-after-s", type=float, metavar="S", help="a stand-in operator answers each "
+        "escalation this long after it is raised (default: nobody answers)")  # fmt: skip
 
 
 def simulate(args: argparse.Namespace) -> int:
