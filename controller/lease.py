@@ -10,6 +10,9 @@ and every action it records is checked against the lease in the same transaction
 Once it has led, the fence stays set (on the lost term) until the lease is released, so a
 tick still running when the loss is noticed is refused too.
 
+A term runs `ttl_s` minus a takeover slack past each renewal, and a standby tries again just
+after it ends, so a dead leader is replaced within `ttl_s` of its death, not `ttl_s` plus a poll.
+
 The provider cannot check a token itself, so a leader also stops acting while its lease has
 less than `margin_s` left: an action recorded then could still be running when a successor
 takes over.
@@ -29,6 +32,7 @@ from controller.store import DuplicateKey
 log = logging.getLogger(__name__)
 
 LEADER = "leader"
+TAKEOVER_SLACK_S = 0.25  # at most a tenth of the TTL: a standby's wake-up and transaction
 
 
 def default_holder() -> str:
@@ -63,6 +67,7 @@ class Lease:
         self.holder = holder or default_holder()
         self.ttl_s, self.margin_s = ttl_s, margin_s
         self.token: int | None = None  # set while leading
+        self.term_s = ttl_s - min(TAKEOVER_SLACK_S, ttl_s / 10)  # how long a renewal holds
 
     @property
     def leading(self) -> bool:
@@ -98,18 +103,18 @@ class Lease:
             if row is None:
                 db.execute("INSERT INTO leases(name, holder, token, acquired_at, expires_at) "
                            "VALUES (?, ?, 1, ?, ?)", (self.name, self.holder, now,
-                                                      now + self.ttl_s))  # fmt: skip
+                                                      now + self.term_s))  # fmt: skip
                 return 1
             live = float(row["expires_at"]) > now
             if live and row["holder"] == self.holder and int(row["token"]) == self.token:
                 db.execute("UPDATE leases SET expires_at = ? WHERE name = ?",
-                           (now + self.ttl_s, self.name))  # fmt: skip
+                           (now + self.term_s, self.name))  # fmt: skip
                 return self.token
             if live:
                 return None  # someone else leads (or an earlier term of ours, not renewed)
             token = int(row["token"]) + 1
             db.execute("UPDATE leases SET holder = ?, token = ?, acquired_at = ?, expires_at = ? "
-                       "WHERE name = ?", (self.holder, token, now, now + self.ttl_s,
+                       "WHERE name = ?", (self.holder, token, now, now + self.term_s,
                                           self.name))  # fmt: skip
             return token
 

@@ -49,7 +49,7 @@ HARMS = ("shared_terms", "wrong_holder", "unfenced", "acts_after_loss", "slow_fa
          "duplicates")  # fmt: skip
 TTL_S = 4.0
 LEASE = f"ttl_s: {TTL_S}, renew_s: 1, margin_s: 1"
-SLACK_S = 0.5
+SLACK_S = 0.0  # a dead leader is replaced within ttl_s (controller/lease.py)
 ACTION = re.compile(r"^action #(\d+) (?!.* was interrupted: ).* by \S+: ")  # act.py's line
 LAUNCH = re.compile(r"^vast: launch '([^']+)' on offer")
 
