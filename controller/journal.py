@@ -89,12 +89,7 @@ HOSTS_VERSION = "hosts.version"  # likewise for hosts
 UPTIME_EVERY = 10  # saves between writes of tracks whose only change is the daemon's uptime
 
 
-def _key(t: Track | None) -> tuple[Any, ...] | None:
-    """A track without its uptime: what must be stored at once when it changes."""
-    if t is None:
-        return None
-    return (t.machine_id, t.first_seen, t.stage, t.stage_since, t.status, t.status_since,
-            t.daemon, t.daemon_since, t.idle_since, t.bench_rate, t.ever_up)  # fmt: skip
+assert Track._fields[-1] == "uptime", "save_tracks compares tracks without their last field"
 
 
 def _dumps(value: Any) -> str:
@@ -377,19 +372,22 @@ class Journal:
             gone: list[str] = []
         else:
             assert cached is not None
-            changed = [t for k, t in tracks.items() if _key(cached.get(k)) != _key(t)]
+            changed = [t for k, t in tracks.items()
+                       if (old := cached.get(k)) is None or old[:-1] != t[:-1]]  # fmt: skip
             gone = [k for k in cached if k not in tracks]
         version = uuid.uuid4().hex
         with self.tx() as db:
             if full:
                 db.execute("DELETE FROM tracks")
                 db.executemany("INSERT INTO tracks(id, data) VALUES (?, ?)",
-                               [(t.id, _dumps(vars(t))) for t in changed])  # fmt: skip
+                               [(t.id, _dumps(t._asdict())) for t in changed])  # fmt: skip
             else:
                 db.executemany("DELETE FROM tracks WHERE id = ?", [(k,) for k in gone])
                 db.executemany(
                     "INSERT INTO tracks(id, data) VALUES (?, ?) ON CONFLICT(id) DO UPDATE SET "
-                    "data = excluded.data", [(t.id, _dumps(vars(t))) for t in changed])  # fmt: skip
+                    "data = excluded.data",
+                    [(t.id, _dumps(t._asdict())) for t in changed],
+                )
             db.execute(
                 "INSERT INTO kv(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET "
                 "value = excluded.value", (TRACKS_VERSION, _dumps(version)))  # fmt: skip
