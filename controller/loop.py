@@ -17,6 +17,7 @@ prints). `Controller.tick()` is one whole pass:
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -149,6 +150,7 @@ class Controller:
         self.on_gone = on_gone  # an instance vanished from a good listing (forget its records)
         self.actuator = Actuator(provider, journal, settings.guards)
         self._repeats: dict[tuple[str, ...], float] = {}  # veto -> journaled again after
+        self._repeats_pruned = 0.0  # vetoes past their window are dropped once per window
 
     def _limits(self) -> Any:
         paused = bool(self.journal.get("paused", False)) or self.settings.guards.paused
@@ -311,12 +313,17 @@ class Controller:
 
     def _repeated(self, d: Decision, now: float) -> bool:
         """The same veto as one journaled less than VETO_REPEAT_S ago: not journaled again
-        (a limit that holds an action back would otherwise add a row every tick)."""
+        (a limit that holds an action back would otherwise add a row every tick).
+
+        The same veto is the same action, target, parameters and guard; the guard's wording
+        is not compared, since it counts time ("30s ago", "60s ago", ...)."""
         if d.verdict != "veto" or d.proposal.escalation_id is not None:
             return False
-        if len(self._repeats) > 4 * VETO_CACHE:  # forget the ones past their time
+        if now >= self._repeats_pruned + VETO_REPEAT_S:  # forget the ones past their time
             self._repeats = {k: t for k, t in self._repeats.items() if t > now}
-        key = (d.effective_action, d.proposal.target, d.guard, d.why)
+            self._repeats_pruned = now
+        key = (d.effective_action, d.proposal.target, d.guard,
+               json.dumps(d.effective_params, sort_keys=True, default=str))  # fmt: skip
         if self._repeats.get(key, 0.0) > now:
             return True
         self._repeats[key] = now + VETO_REPEAT_S
@@ -349,7 +356,6 @@ class Controller:
 
 _QUIET = ("noop", "superseded")
 VETO_REPEAT_S = 600.0
-VETO_CACHE = 10_000
 
 
 def _refused(d: Decision) -> Doubt:

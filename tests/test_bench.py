@@ -133,3 +133,19 @@ def test_a_veto_that_repeats_every_tick_is_journaled_once_per_window(tmp_path: P
     again_keys = [(r["action"], r["target"]) for r in again]
     assert all(again_keys.count(k) == 2 for k in keys)  # still held after the window: again
     j.close()
+
+
+def test_a_cooldown_veto_is_one_veto_though_its_wording_counts_the_seconds(
+    tmp_path: Path,
+) -> None:
+    j = Journal(tmp_path / "j.db")
+    clock = [1_700_000_000.0]
+    c, fleet = _controller(Config(), 100, j, clock)
+    for _ in range(6):  # the daemons stay down: restarts are held by the cooldown, tick on tick
+        clock[0] += 30
+        fleet.prepare()
+        c.tick()
+    held = [r for r in j.actions(10_000, executed_only=False) if r["guard"] == "cooldown"]
+    keys = [(r["action"], r["target"]) for r in held]
+    assert held and len(keys) == len(set(keys))
+    j.close()
