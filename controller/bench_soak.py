@@ -40,7 +40,8 @@ def rss_mb() -> float:
 
 class ChurningFleet(SyntheticFleet):
     """The synthetic fleet, as a fleet in service behaves: `churn` instances per tick leave and
-    new ones take their place (on machines from a market five times the fleet's size); a
+    new ones take their place (on machines from a market five times the fleet's size, as are
+    launched ones: a real market is finite, and the journal remembers every host); a
     destroyed instance is gone and another arrives in its slot; a restarted daemon or rebooted
     instance comes back serving; a launch joins the listing."""
 
@@ -58,6 +59,7 @@ class ChurningFleet(SyntheticFleet):
         listing = [self._renamed(i, inst, now) for i, inst in enumerate(base)]
         self.slot_of = {inst.id: i for i, inst in enumerate(listing)}
         self._listing = listing + self.launches
+        self.healed &= {i.id for i in self._listing}  # the fleet's memory: of listed ones only
         self.tick += 1
 
     def _renamed(self, i: int, inst: Instance, now: float) -> Instance:
@@ -74,8 +76,9 @@ class ChurningFleet(SyntheticFleet):
     def launch(self, request: LaunchRequest) -> str:
         new_id = super().launch(request)
         template = synthetic_instances(6, self.clock())[-1]  # a serving instance
+        machine = str(500_000 + (self.n + int(new_id)) % (5 * self.n))  # from the same market
         self.launches.append(replace(template, id=new_id, label=request.label,
-                                     machine_id=f"launched-{new_id}"))  # fmt: skip
+                                     machine_id=machine))  # fmt: skip
         return new_id
 
     def destroy(self, instance_id: str) -> None:
