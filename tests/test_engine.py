@@ -8,6 +8,7 @@ import textwrap
 import threading
 from pathlib import Path
 
+import pytest
 from support import engine_of, fact
 
 RULES = """
@@ -39,6 +40,19 @@ def test_rules_fire_synchronously_with_the_ids_of_the_facts_they_joined() -> Non
     assert ("rule:grow", (("demand", "demand:all"), ("fleet", "fleet"))) in fired
     assert {m.facts["m"] for m in matches if m.abnormal_kind == "instance"} == {"i1"}
     assert not any(m.facts.get("instance") == "i2" for m in matches)
+
+
+def test_the_facts_are_as_they_were_after_a_match_and_after_a_failed_one() -> None:
+    e = engine_of(RULES)
+    facts = [fact("instance", "i1", daemon="down"), fact("fleet", active=2)]
+    before = [dict(f) for f in facts]
+    e.match(facts, 1.0)
+    assert facts == before  # the session id they carried while asserted is gone
+    bad = [fact("instance", "i2"), fact("instance", "i3", status_msg=object())]
+    with pytest.raises(TypeError):  # refused before durable_rules sees it
+        e.match(bad, 2.0)
+    assert all("sid" not in f for f in bad)
+    assert any(m.rule == "restart" for m in e.match(facts, 3.0))  # and the engine still works
 
 
 def test_each_call_is_a_fresh_session_the_same_facts_fire_again() -> None:
