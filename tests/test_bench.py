@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,15 +15,7 @@ from controller.config import Config
 from controller.journal import Journal
 from controller.providers.base import LaunchRequest
 
-
-@pytest.fixture(autouse=True)
-def restore_logging() -> Iterator[None]:
-    """`main` points the root logger at this test's captured stderr; put it back after."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
+pytestmark = pytest.mark.usefixtures("restore_logging")  # `main` re-points the root logger
 
 
 def test_bench_tick_reports_every_phase_per_size(capsys: pytest.CaptureFixture[str]) -> None:

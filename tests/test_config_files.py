@@ -8,8 +8,6 @@
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,16 +33,6 @@ def assert_within(written: Any, loaded: Any, where: str = "config") -> None:
             assert_within(value, loaded[key], f"{where}.{key}")
     else:
         assert loaded == written, where
-
-
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    """`cli.main` points the root logger at the (captured) stderr; put it back afterwards."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 @pytest.mark.parametrize("path", GOOD, ids=lambda p: p.stem)

@@ -10,12 +10,11 @@
 
 from __future__ import annotations
 
-import logging
 import random
 import re
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,16 +60,6 @@ def assert_reported(paths: Sequence[Path]) -> None:
         unmatched.remove(hit)
     assert not unmatched, "unexpected problems:\n" + "\n".join(str(p) for p in unmatched)
     assert str(exc).splitlines() == [str(p) for p in exc.problems]
-
-
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    """`cli.main` points the root logger at the (captured) stderr; put it back afterwards."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 # -- good files -------------------------------------------------------------------------------

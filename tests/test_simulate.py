@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
-import logging
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,14 +24,7 @@ EXAMPLE = ROOT / "controller" / "examples" / "simulate.yaml"
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(autouse=True)
-def restore_logging() -> Iterator[None]:
-    """`main` points the root logger at this test's captured stderr; put it back after."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
+pytestmark = pytest.mark.usefixtures("restore_logging")  # `main` re-points the root logger
 
 
 def tasks(*pairs: tuple[float, float]) -> list[TraceTask]:

@@ -36,6 +36,8 @@ import statistics
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from fakes.vast_server import Delay
@@ -188,41 +190,65 @@ def _timing(harms: Counter[str], details: list[str], tag: str, took: float | Non
         times.append(took)
 
 
-def failover(n: int, seed: int) -> dict[str, Any]:
+@dataclass
+class _Tally:
+    """What a scenario's runs found: harms (each must stay 0), counts, details, failover times."""
+
+    harms: Counter[str] = field(default_factory=lambda: Counter({k: 0 for k in HARMS}))
+    stats: Counter[str] = field(default_factory=Counter)
+    details: list[str] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+
+    def result(self) -> dict[str, Any]:
+        return {**self.harms, **self.stats, **_summary(self.times), "details": self.details}
+
+
+def _runs(
+    name: str, n: int, seed: int, t: _Tally,
+    before: Callable[[Rig, random.Random], None] | None = None,
+) -> Iterator[tuple[random.Random, str, Rig, Pair, Any]]:  # fmt: skip
+    """`n` runs, each a fresh PostgreSQL rig with two controllers, handed over once one leads."""
     rng = random.Random(seed)
-    harms: Counter[str] = Counter({k: 0 for k in HARMS})
-    stats: Counter[str] = Counter()
-    details: list[str] = []
-    times: list[float] = []
     for i in range(n):
-        tag = f"failover run {i}"
+        tag = f"{name} run {i}"
         with Rig("postgres", lease=LEASE, interval_s=0.5) as rig:
-            rig.vast.script("create", *[Delay(rng.uniform(0, 0.3)) for _ in range(40)])
-            pair, leader = _start(rig, tag, harms, details)
+            if before is not None:
+                before(rig, rng)
+            pair, leader = _start(rig, tag, t.harms, t.details)
             if leader is None:
                 pair.stop()
                 continue
-            token = pair.lease().token
-            rig.db.post("PoRep", 4)  # more to launch: the kill may land mid-launch
-            time.sleep(rng.uniform(0, 1.5))
-            os.kill(leader.pid, signal.SIGKILL)
-            killed = time.monotonic()
-            leader.wait()
-            time.sleep(0.2)  # a COMMIT it sent just before dying may still be applied
-            last = pair.max_id()
-            stats["kills"] += 1
-            _timing(harms, details, tag, _takeover(pair, token, killed), times)
-            rig.db.post("PoRep", 4)
-            stats["standby_acted"] += pair.acted(token + 1, 30)
-            pair.stop()
-            rows = _check(pair, harms, stats, details, tag)
-            late = [r for r in rows if r["token"] == token and int(r["id"]) > last]
-            harms["acts_after_loss"] += len(late)
-            details += [f"{tag}: action #{r['id']} of the dead leader after the kill" for r in late]
-            mine = [r for r in rows if r["token"] == token]
-            stats["intents_left_by_kill"] += sum(r["status"] == "intent" for r in mine)
-            stats["closed_as_interrupted"] += sum(r["status"] == "interrupted" for r in mine)
-    return {**harms, **stats, **_summary(times), "details": details}
+            yield rng, tag, rig, pair, leader
+
+
+def failover(n: int, seed: int) -> dict[str, Any]:
+    t = _Tally()
+
+    def slow_creates(rig: Rig, rng: random.Random) -> None:
+        rig.vast.script("create", *[Delay(rng.uniform(0, 0.3)) for _ in range(40)])
+
+    for rng, tag, rig, pair, leader in _runs("failover", n, seed, t, slow_creates):
+        token = pair.lease().token
+        rig.db.post("PoRep", 4)  # more to launch: the kill may land mid-launch
+        time.sleep(rng.uniform(0, 1.5))
+        os.kill(leader.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        leader.wait()
+        time.sleep(0.2)  # a COMMIT it sent just before dying may still be applied
+        last = pair.max_id()
+        t.stats["kills"] += 1
+        _timing(t.harms, t.details, tag, _takeover(pair, token, killed), t.times)
+        rig.db.post("PoRep", 4)
+        t.stats["standby_acted"] += pair.acted(token + 1, 30)
+        pair.stop()
+        rows = _check(pair, t.harms, t.stats, t.details, tag)
+        late = [r for r in rows if r["token"] == token and int(r["id"]) > last]
+        t.harms["acts_after_loss"] += len(late)
+        t.details += [f"{tag}: action #{r['id']} of the dead leader after the kill" for r in late]
+        mine = [r for r in rows if r["token"] == token]
+        t.stats["intents_left_by_kill"] += sum(r["status"] == "intent" for r in mine)
+        t.stats["closed_as_interrupted"] += sum(r["status"] == "interrupted" for r in mine)
+    return t.result()
 
 
 def _summary(times: list[float]) -> dict[str, Any]:
@@ -233,42 +259,32 @@ def _summary(times: list[float]) -> dict[str, Any]:
 
 
 def paused_leader(n: int, seed: int) -> dict[str, Any]:
-    rng = random.Random(seed)
-    harms: Counter[str] = Counter({k: 0 for k in HARMS})
-    stats: Counter[str] = Counter()
-    details: list[str] = []
-    times: list[float] = []
-    for i in range(n):
-        tag = f"paused run {i}"
-        with Rig("postgres", lease=LEASE, interval_s=0.5) as rig:
-            pair, leader = _start(rig, tag, harms, details)
-            if leader is None:
-                pair.stop()
-                continue
-            token = pair.lease().token
-            settled = "SELECT 1 AS x FROM actions WHERE status = 'intent'"
-            wait_for(lambda: not rig.query(settled), 30, 0.05)  # noqa: B023 - its first launch
-            rig.vast.script("create", *[Delay(rng.uniform(0.2, 0.5)) for _ in range(40)])
-            before = len(rig.vast.of("create"))
-            rig.db.post("PoRep", 6)  # three more launches, each slow: stopped in the first
-            if not wait_for(lambda: len(rig.vast.of("create")) > before, 30, 0.002):  # noqa: B023
-                details.append(f"{tag}: the leader never launched again")
-            os.kill(leader.pid, signal.SIGSTOP)
-            stopped = time.monotonic()
-            since = len(rig.vast.requests)
-            stats["stops"] += 1
-            _timing(harms, details, tag, _takeover(pair, token, stopped), times)
-            rig.db.post("PoRep", 2)
-            os.kill(leader.pid, signal.SIGCONT)
-            wait_for(lambda: "lost the lease" in str(rig.log(leader)), 5, 0.05)  # noqa: B023
-            time.sleep(1.5)  # a renewal and three ticks more of the woken leader
-            stats["standby_acted"] += pair.acted(token + 1, 10)
-            pair.stop()
-            _check(pair, harms, stats, details, tag)
-            after = _creates_by(pair, leader.pid, since)
-            harms["acts_after_loss"] += len(after)
-            details += [f"{tag}: the paused leader created {x!r} after the takeover" for x in after]
-            log = [str(r.get("msg", "")) for r in rig.log(leader)]
-            stats["refused"] += sum("action refused" in x for x in log)
-            stats["noticed_loss"] += any("lost the lease" in x for x in log)
-    return {**harms, **stats, **_summary(times), "details": details}
+    t = _Tally()
+    for rng, tag, rig, pair, leader in _runs("paused", n, seed, t):
+        token = pair.lease().token
+        settled = "SELECT 1 AS x FROM actions WHERE status = 'intent'"
+        wait_for(lambda: not rig.query(settled), 30, 0.05)  # noqa: B023 - its first launch
+        rig.vast.script("create", *[Delay(rng.uniform(0.2, 0.5)) for _ in range(40)])
+        before = len(rig.vast.of("create"))
+        rig.db.post("PoRep", 6)  # three more launches, each slow: stopped in the first
+        if not wait_for(lambda: len(rig.vast.of("create")) > before, 30, 0.002):  # noqa: B023
+            t.details.append(f"{tag}: the leader never launched again")
+        os.kill(leader.pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        since = len(rig.vast.requests)
+        t.stats["stops"] += 1
+        _timing(t.harms, t.details, tag, _takeover(pair, token, stopped), t.times)
+        rig.db.post("PoRep", 2)
+        os.kill(leader.pid, signal.SIGCONT)
+        wait_for(lambda: "lost the lease" in str(rig.log(leader)), 5, 0.05)  # noqa: B023
+        time.sleep(1.5)  # a renewal and three ticks more of the woken leader
+        t.stats["standby_acted"] += pair.acted(token + 1, 10)
+        pair.stop()
+        _check(pair, t.harms, t.stats, t.details, tag)
+        after = _creates_by(pair, leader.pid, since)
+        t.harms["acts_after_loss"] += len(after)
+        t.details += [f"{tag}: the paused leader created {x!r} after the takeover" for x in after]
+        log = [str(r.get("msg", "")) for r in rig.log(leader)]
+        t.stats["refused"] += sum("action refused" in x for x in log)
+        t.stats["noticed_loss"] += any("lost the lease" in x for x in log)
+    return t.result()

@@ -1,0 +1,18 @@
+"""Fixtures shared by test modules (helpers that are plain functions live in support.py)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """`cli.main` points the root logger at the (captured) stderr; put it back afterwards."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
