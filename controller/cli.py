@@ -27,7 +27,7 @@ import sys
 from typing import Any
 
 from controller import actions as vocabulary
-from controller import wiring
+from controller import gc_tuning, wiring
 from controller.app import App, build, status
 from controller.config import ConfigError, load_config, rules_paths, state_dir
 from controller.rulebook import RulesError
@@ -177,6 +177,7 @@ def _emit(obj: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     _logging(args.log_level, args.log_format)
+    gc_tuning.tune()
     try:
         return _dispatch(args)
     except (ConfigError, RulesError) as exc:

@@ -139,3 +139,13 @@ def test_a_cooldown_veto_is_one_veto_though_its_wording_counts_the_seconds(
     keys = [(r["action"], r["target"]) for r in held]
     assert held and len(keys) == len(set(keys))
     j.close()
+
+
+def test_the_cli_collects_garbage_less_often_than_cpython_by_default() -> None:
+    import gc
+
+    from controller import gc_tuning
+
+    main(["check"])
+    assert gc.get_threshold() == (gc_tuning.YOUNG, gc_tuning.OLDER, gc_tuning.OLDER)
+    assert gc_tuning.YOUNG > 700
