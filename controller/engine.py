@@ -90,15 +90,20 @@ class Engine:
         with _LOCK:
             self._fired.clear()
             host = _host()
+            started = True  # a session exists once the batch reached the engine
             try:
                 host.assert_facts(self._name, batch)
+            except (TypeError, ValueError) as exc:  # from json.dumps, before the engine
+                started = False  # deleting a session that never ran corrupts the engine
+                raise EngineError(f"a fact is not JSON, nothing was asserted: {exc}") from exc
             except (_dr.MessageNotHandledException, _dr.MessageObservedException) as exc:
                 raise EngineError(
                     f"durable_rules rejected the batch: {type(exc).__name__}"
                 ) from exc
             finally:
-                with contextlib.suppress(Exception):  # a missing session is nothing to clean
-                    host.delete_state(self._name, sid)
+                if started:
+                    with contextlib.suppress(Exception):  # a missing session: nothing to clean
+                        host.delete_state(self._name, sid)
             fired = [m for m in self._fired if m.key not in (SINK, TICK)]
             self._fired.clear()
         return fired

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from support import engine_of, fact
 
+from controller.engine import EngineError
+
 RULES = """
 normal:
   instance: {status: running, daemon: up}
@@ -49,7 +51,7 @@ def test_the_facts_are_as_they_were_after_a_match_and_after_a_failed_one() -> No
     e.match(facts, 1.0)
     assert facts == before  # the session id they carried while asserted is gone
     bad = [fact("instance", "i2"), fact("instance", "i3", status_msg=object())]
-    with pytest.raises(TypeError):  # refused before durable_rules sees it
+    with pytest.raises(EngineError, match="not JSON"):  # refused before durable_rules sees it
         e.match(bad, 2.0)
     assert all("sid" not in f for f in bad)
     assert any(m.rule == "restart" for m in e.match(facts, 3.0))  # and the engine still works
