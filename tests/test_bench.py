@@ -35,6 +35,7 @@ def test_bench_tick_reports_every_phase_per_size(capsys: pytest.CaptureFixture[s
         # medians of 2 ticks are means, and `other` is the rest of each tick: they add up
         assert sum(r["phases_ms"].values()) == pytest.approx(total, rel=0.1, abs=0.5)
         assert r["ratio"] == pytest.approx(total / r["engine_ms"], rel=0.05)
+        assert r["ratio_trivial"] == pytest.approx(total / r["engine_trivial_ms"], rel=0.05)
         assert r["peak_rss_mb"] > 0
         # one fleet fact, two sensors, two demands, one fact per instance
         assert r["facts"] == r["instances"] + 5
@@ -47,7 +48,8 @@ def test_bench_tick_prints_a_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "tick", "--instances", "10", "--repeat", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:2] == ["N", "sense"] and "ratio" in lines[0]
-    assert lines[1].split()[0] == "10" and len(lines[1].split()) == len(lines[0].split()) - 1
+    assert lines[1].split()[0] == "10"
+    assert len(lines[1].split()) == len(lines[0].split()) - 2  # "x trivial", "RSS MB"
 
 
 def test_bench_tick_rejects_bad_sizes(capsys: pytest.CaptureFixture[str]) -> None:
