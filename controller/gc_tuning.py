@@ -2,7 +2,7 @@
 
 A tick builds and drops tens of thousands of small containers at 10,000 instances (a fact, a
 track and an observed instance each, the engine's copies): with CPython's default young
-threshold of 700 that is about 90 young collections a tick and a full one every few ticks,
+threshold of 700 that is about 94 young collections a tick and a full one nearly every tick,
 25-37 ms a tick in the collector (BENCHMARKS.md). Nearly all of it is freed by reference
 counting, not by the collector, so it is collected less often (about 10 ms a tick), and what
 was imported before the command runs is frozen out of every collection. Cycles are still
