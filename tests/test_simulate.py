@@ -221,7 +221,8 @@ def test_simulate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert doc["tasks"] == len(arrived) > 50
     assert doc["ticks"] == 360 and doc["horizon_s"] == 21600 and doc["seed"] == 3
     assert doc["deadline_s"] == 3600 and doc["trace"]["end_col"] == "deletion_time"
-    assert set(doc["policies"]) == {"fleetgate", "static", "proportional", "oracle"}
+    assert set(doc["policies"]) == {"fleetgate", "static", "proportional", "proportional_sim",
+                                    "oracle"}  # fmt: skip
     for fig in doc["policies"].values():
         assert fig["cost_usd"] > 0 and fig["gpu_hours"] > 0
         assert fig["waits_s"]["count"] == len(arrived)
@@ -236,12 +237,19 @@ def test_simulate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert sum(fg["instance_hours_by_state"].values()) == pytest.approx(
         doc["policies"]["fleetgate"]["gpu_hours"], rel=0.05)  # fmt: skip
     assert doc["wall_s"]["total"] >= doc["wall_s"]["fleetgate"] > 0
-    assert set(doc["goals"]) >= {"cost_ratio_to_oracle", "within_cost_goal"}
+    assert set(doc["goals"]) >= {
+        "cost_ratio_to_oracle",
+        "within_cost_goal",
+        "below_proportional_cost",
+        "below_proportional_sim_cost",
+    }
+    in_world = doc["policies"]["proportional_sim"]
+    assert in_world["actions"]["launch"] == in_world["instances_started"] >= 1
 
     png = (out / "simulate.png").read_bytes()
     assert png.startswith(PNG) and len(png) > 10_000
     assert "policy" in printed and "x oracle" in printed and "goals:" in printed
-    for name in ("fleetgate", "static (", "proportional", "oracle"):
+    for name in ("fleetgate", "static (", "proportional ", "proportional, sim", "oracle"):
         assert f"\n{name}" in printed
 
     # the journal is fleetgate's own: the usual commands read it

@@ -2,10 +2,11 @@
 
 Three panels sharing the time axis (days from the trace start):
 
-1. tasks waiting in the queue: fleetgate, static, proportional (the oracle never queues);
+1. tasks waiting in the queue: fleetgate, static, both proportional baselines (the oracle
+   never queues);
 2. fleetgate's fleet by state (booting, serving, lost or rebooting) stacked, with the
    baselines' fleet sizes as lines;
-3. cumulative spend of all four (on a log scale when one costs over 5 times another).
+3. cumulative spend of every policy (on a log scale when one costs over 5 times another).
 
 Drawn with matplotlib's Agg canvas directly (no pyplot state, no display needed).
 """
@@ -21,7 +22,7 @@ from matplotlib.figure import Figure
 from controller.simulate.model import Outcome
 
 COLORS = {"fleetgate": "#1f77b4", "static": "#7f7f7f", "proportional": "#ff7f0e",
-          "oracle": "#2ca02c"}  # fmt: skip
+          "proportional_sim": "#9467bd", "oracle": "#2ca02c"}  # fmt: skip
 DAY = 86400.0
 
 
@@ -33,7 +34,7 @@ def draw(path: Path, outcomes: Sequence[Outcome], title: str) -> Path:
     queue, fleet, spend = fig.subplots(3, 1, sharex=True)
     fig.suptitle(title)
 
-    for name in ("fleetgate", "static", "proportional"):
+    for name in ("fleetgate", "static", "proportional", "proportional_sim"):
         if name in by_name:
             s = by_name[name].series
             queue.plot([x.t / DAY for x in s], [x.queued for x in s], label=name,
@@ -49,7 +50,7 @@ def draw(path: Path, outcomes: Sequence[Outcome], title: str) -> Path:
             labels=["fleetgate booting", "fleetgate serving", "fleetgate lost/rebooting"],
             colors=["#aec7e8", COLORS["fleetgate"], "#d62728"], alpha=0.8,
         )  # fmt: skip
-    for name in ("static", "proportional", "oracle"):
+    for name in ("static", "proportional", "proportional_sim", "oracle"):
         if name in by_name:
             s = by_name[name].series
             fleet.plot([x.t / DAY for x in s], [x.booting + x.serving for x in s],

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from controller.config import Config, load_config
-from controller.sim import SimConfig
+from controller.sim import SimConfig, Simulation
 from controller.sim.trace import TraceTask, load_trace
-from controller.simulate import baselines, report
+from controller.simulate import baselines, in_world, report
 from controller.simulate.model import BaselineParams, mean_boot_s
-from controller.simulate.run import FleetgateRun, RunSpec, run_fleetgate, ticks_for
+from controller.simulate.run import FleetgateRun, RunSpec, run_fleetgate, ticks_for, trace_config
 
 DAY = 86400.0
 DEADLINE_S = 3600.0
@@ -98,8 +98,12 @@ def simulate(args: argparse.Namespace) -> int:
                    progress=sys.stderr.isatty(), answer_after_s=args.answer_after_s)  # fmt: skip
     run = run_fleetgate(config, spec)
     params = _params(args, config, run, horizon, sample_ticks * step)
+    world = Simulation(SimConfig.model_validate(
+        trace_config(config, spec.state / "trace.csv").sim.world), seed)  # fmt: skip
     outcomes = [run.outcome, baselines.static_peak(tasks, params),
-                baselines.proportional(tasks, params), baselines.oracle(tasks, params)]  # fmt: skip
+                baselines.proportional(tasks, params),
+                in_world.proportional_in_world(world, params, ticks),
+                baselines.oracle(tasks, params)]  # fmt: skip
     meta = _meta(args, scales, tasks, ticks, seed, run)
     chart.draw(out / "simulate.png", outcomes, _title(args, meta))
     meta["wall_s"] = {"total": round(time.perf_counter() - started, 2),

@@ -180,15 +180,8 @@ def sample(sim: Simulation, start: float) -> Sample:
 
 def _outcome(sim: Simulation, trail: _Trail) -> Outcome:
     """Fleetgate's bill and every task's wait (censored at the end when it never started)."""
-    stats, now = sim.stats, sim.now()
-    waits = list(sim.world.counters.waits)
-    censored = 0
-    for task in sim.world.queue.to_json()["tasks"]:  # not completed: running or waiting
-        if task["first_claimed_at"] is not None:
-            waits.append(task["first_claimed_at"] - task["posted"])
-        else:
-            waits.append(now - task["posted"])
-            censored += 1
+    stats = sim.stats
+    waits, censored = waits_and_censored(sim)
     hours = stats["gpu_hours"]
     return Outcome(
         name="fleetgate", instance_s=hours * 3600.0, dph=stats["spend_usd"] / hours if hours
@@ -197,6 +190,20 @@ def _outcome(sim: Simulation, trail: _Trail) -> Outcome:
         peak_instances=trail.peak,
         series=tuple(trail.series), spend_usd=stats["spend_usd"],
     )  # fmt: skip
+
+
+def waits_and_censored(sim: Simulation) -> tuple[list[float], int]:
+    """Every task's wait so far, and how many of them never started (waited until now)."""
+    now = sim.now()
+    waits = list(sim.world.counters.waits)
+    censored = 0
+    for task in sim.world.queue.to_json()["tasks"]:  # not completed: running or waiting
+        if task["first_claimed_at"] is not None:
+            waits.append(task["first_claimed_at"] - task["posted"])
+        else:
+            waits.append(now - task["posted"])
+            censored += 1
+    return waits, censored
 
 
 def journal_counts(app: App) -> dict[str, Any]:
