@@ -26,8 +26,6 @@ from controller.track import History
 
 log = logging.getLogger(__name__)
 
-BLOCK_S = 86_400.0  # how long a replace with block_host keeps the host out
-
 
 @dataclass
 class Outcome:
@@ -86,7 +84,7 @@ class Actuator:
         if action == "replace":
             return self._replace(job)
         if action == "block_host":
-            until = job.now + float(params.get("for", BLOCK_S))
+            until = job.now + float(params["for"])  # validated: a day unless it says
             self.journal.block_host(str(params["machine"]), until, str(params.get("reason", "")))
             return Outcome("ok", {"blocked_until": until})
         if action in ("destroy", "reboot", "restart_daemon", "drain"):
@@ -122,7 +120,7 @@ class Actuator:
         request = LaunchRequest(
             label=label,
             exclude_machines=frozenset(m for m, t in job.hist.host_blocks.items() if t > job.now),
-            prefer_rates=tuple(sorted(job.hist.host_rates.items())),
+            prefer_rates=tuple(sorted(job.hist.launch_rates().items())),
             max_dph=self.limits.launch_dph_estimate,
         )
         try:
@@ -145,7 +143,7 @@ class Actuator:
         if job.params.get("block_host") and machine:
             p = job.decision.proposal
             reason = job.params.get("reason") or p.reason
-            until = job.now + BLOCK_S
+            until = job.now + job.hist.block_s(str(machine))
             self.journal.block_host(str(machine), until, f"{p.proposer}: {reason}")
             job = replace(
                 job, hist=replace(job.hist, host_blocks={**job.hist.host_blocks, machine: until})

@@ -521,6 +521,7 @@ class Journal:
                 h["machine_id"]: h["bench_rate"] for h in hosts if h["bench_rate"] is not None
             },
             host_blocks={h["machine_id"]: h["blocked_until"] for h in hosts if h["blocked_until"]},
+            host_failures={h["machine_id"]: h["failures"] for h in hosts if h["failures"]},
             launches=tuple(r["at"] for r in launches),
             last_acted={f"{r['action']}:{r['target']}": r["at"] for r in acted},
             replacing=frozenset(r["new_id"] for r in waiting if r["new_id"]),

@@ -44,6 +44,10 @@ class Event:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+BLOCK_S = 86_400.0  # a host's first block
+BLOCK_MAX_S = 30 * 86_400.0  # the longest a block grows to
+
+
 @dataclass(frozen=True)
 class History:
     """The slice of the journal one tick's decision needs."""
@@ -52,6 +56,7 @@ class History:
     events: tuple[Event, ...] = ()  # recent events (the last few hours)
     host_rates: dict[str, float] = field(default_factory=dict)
     host_blocks: dict[str, float] = field(default_factory=dict)  # machine -> blocked until
+    host_failures: dict[str, int] = field(default_factory=dict)  # machine -> blocks so far
     launches: tuple[float, ...] = ()  # launch times, recent
     last_acted: dict[str, float] = field(default_factory=dict)  # "action" or "action:target"
     replacing: frozenset[str] = frozenset()  # new instances that replace another
@@ -74,6 +79,19 @@ class History:
 
     def host_blocked(self, machine_id: str, now: float) -> bool:
         return self.host_blocks.get(machine_id, 0.0) > now
+
+    def block_s(self, machine_id: str) -> float:
+        """How long a new block keeps the host out: a day the first time, doubling with each
+        block it already had (a crash-looping host is back in a day, then in 2, 4, ...), at
+        most `BLOCK_MAX_S`."""
+        return min(BLOCK_S * 2.0 ** min(self.host_failures.get(machine_id, 0), 16), BLOCK_MAX_S)
+
+    def launch_rates(self) -> dict[str, float]:
+        """Measured rates to rank offers by, where a host that was ever blocked counts as known
+        slow (0.0) whatever its benchmark: once its block ends it is rented last, not first."""
+        rates = dict(self.host_rates)
+        rates.update((machine, 0.0) for machine in self.host_failures)
+        return rates
 
     def launches_since(self, since: float) -> int:
         return sum(1 for t in self.launches if t >= since)
