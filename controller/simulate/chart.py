@@ -19,7 +19,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from controller.simulate.model import Outcome
+from controller.simulate.model import Outcome, label
 
 COLORS = {"fleetgate": "#1f77b4", "static": "#7f7f7f", "proportional": "#ff7f0e",
           "proportional_sim": "#9467bd", "oracle": "#2ca02c"}  # fmt: skip
@@ -37,7 +37,7 @@ def draw(path: Path, outcomes: Sequence[Outcome], title: str) -> Path:
     for name in ("fleetgate", "static", "proportional", "proportional_sim"):
         if name in by_name:
             s = by_name[name].series
-            queue.plot([x.t / DAY for x in s], [x.queued for x in s], label=name,
+            queue.plot([x.t / DAY for x in s], [x.queued for x in s], label=label(name),
                        color=COLORS[name], linewidth=0.9)  # fmt: skip
     queue.set_ylabel("tasks waiting")
     queue.legend(loc="upper left")
@@ -54,14 +54,15 @@ def draw(path: Path, outcomes: Sequence[Outcome], title: str) -> Path:
         if name in by_name:
             s = by_name[name].series
             fleet.plot([x.t / DAY for x in s], [x.booting + x.serving for x in s],
-                       label=f"{name} instances", color=COLORS[name], linewidth=0.7,
+                       label=f"{label(name)} instances", color=COLORS[name], linewidth=0.7,
                        alpha=0.7)  # fmt: skip
     fleet.set_ylabel("instances")
     fleet.legend(loc="upper left", fontsize="small")
 
     for o in outcomes:
-        spend.plot([x.t / DAY for x in o.series], [x.spend_usd for x in o.series],
-                   label=f"{o.name} (${o.cost_usd:,.0f})", color=COLORS.get(o.name))  # fmt: skip
+        name = f"{label(o.name)} (${o.cost_usd:,.0f})"
+        spend.plot([x.t / DAY for x in o.series], [x.spend_usd for x in o.series], label=name,
+                   color=COLORS.get(o.name))  # fmt: skip
     finals = [o.cost_usd for o in outcomes if o.cost_usd > 0]
     if finals and max(finals) > 5 * min(finals):  # a static fleet would flatten the others
         spend.set_yscale("symlog", linthresh=1.0)

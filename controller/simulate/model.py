@@ -12,6 +12,12 @@ from controller.sim.config import SimConfig
 from controller.sim.stats import wait_summary
 
 BOOT_STAGES = ("boot_s", "pull_s", "register_s", "params_s", "bench_s")
+LABELS = {"proportional_sim": "proportional, sim"}  # how a policy is named where people read it
+
+
+def label(name: str) -> str:
+    """A policy's name in tables and charts."""
+    return LABELS.get(name, name)
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from controller.simulate.model import BaselineParams, Outcome
+from controller.simulate.model import BaselineParams, Outcome, label
 
 COST_GOAL = 1.15  # fleetgate's cost at most this many times the oracle's
 POLICIES = ("fleetgate", "static", "proportional", "proportional_sim", "oracle")
-LABELS = {"proportional": "proportional", "proportional_sim": "proportional, sim"}
 SCALERS = ("proportional", "proportional_sim")  # the two KEDA-style baselines
 
 
@@ -81,9 +80,9 @@ def render(doc: dict[str, Any]) -> str:
     for name in (n for n in POLICIES if n in doc["policies"]):
         f = doc["policies"][name]
         w = f["waits_s"]
-        label = f"static ({f['instances']})" if name == "static" else LABELS.get(name, name)
+        shown = f"static ({f['instances']})" if name == "static" else label(name)
         ratio = "-" if f["ratio_to_oracle"] is None else f"{f['ratio_to_oracle']:.3f}"
-        lines.append(f"{label:<20}{f['cost_usd']:>11.2f}{f['gpu_hours']:>10.1f}"
+        lines.append(f"{shown:<20}{f['cost_usd']:>11.2f}{f['gpu_hours']:>10.1f}"
                      f"{_hours(w['p50']):>10}{_hours(w['p95']):>9}{_hours(w['max']):>9}"
                      f"{f['deadline_misses']:>8}{ratio:>10}")  # fmt: skip
     fg = doc["fleetgate"]
@@ -111,7 +110,7 @@ def _answers(answers: dict[str, int], doc: dict[str, Any]) -> str:
 
 def _goal_line(g: dict[str, Any], deadline: float) -> str:
     cost = "met" if g["within_cost_goal"] and g["p95_within_deadline"] else "not met"
-    scalers = [f"{LABELS[name]}: {_met(g, name)}" for name in SCALERS
+    scalers = [f"{label(name)}: {_met(g, name)}" for name in SCALERS
                if f"below_{name}_cost" in g]  # fmt: skip
     return (f"goals: cost <= {COST_GOAL}x oracle with p95 <= {deadline:g} s: {cost} "
             f"({g['cost_ratio_to_oracle']}x); below the proportional baseline's cost at an "
