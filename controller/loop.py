@@ -30,7 +30,7 @@ from controller.decide import Decided, Doubt, decide
 from controller.engine_types import Match
 from controller.facts import build_facts
 from controller.journal import Journal
-from controller.model import Decision, Observation, Plan, Proposal, SensorStatus
+from controller.model import Decision, Instance, Observation, Plan, Proposal, SensorStatus
 from controller.providers.base import (
     DemandSensor,
     Provider,
@@ -88,11 +88,13 @@ def _read(name: str, read: Callable[[], list[Any]], sensors: list[SensorStatus])
 
 
 def followups(journal: Journal, obs: Observation, now: float, *, write: bool) -> list[Proposal]:
-    """Replacements in flight: destroy the old instance once its replacement runs (or late)."""
+    """Replacements in flight: destroy the old instance once its replacement runs (or late), or
+    at once when the old one serves nothing (stuck in a boot stage, frozen, its daemon down):
+    it is kept only as capacity while the replacement boots, and then it is none."""
     if not obs.sensor_ok("provider"):
         return []
     by_label = {i.label: i for i in obs.instances}
-    live = {i.id for i in obs.instances}
+    live = {i.id: i for i in obs.instances}
     out = []
     for r in journal.replacements():
         old, new = r["old_id"], by_label.get(r["new_label"])
@@ -106,6 +108,8 @@ def followups(journal: Journal, obs: Observation, now: float, *, write: bool) ->
             why = f"its replacement {new.id} is running"
         elif now >= r["deadline"]:
             why = "its replacement did not run before the deadline"
+        elif not serving(live[old]):
+            why = "it serves nothing while its replacement boots"
         else:
             continue
         out.append(
@@ -119,6 +123,11 @@ def followups(journal: Journal, obs: Observation, now: float, *, write: bool) ->
             )
         )
     return out
+
+
+def serving(inst: Instance) -> bool:
+    """Whether the instance proves now: running, past its benchmark, its daemon up."""
+    return inst.status == "running" and inst.stage == "running" and inst.daemon == "up"
 
 
 class Controller:
