@@ -136,7 +136,7 @@ class Actuator:
         return True, instance_id
 
     def _replace(self, job: Job) -> Outcome:
-        """Launch the replacement now; the loop destroys the old one once the new one runs."""
+        """Launch the replacement now; the loop destroys the old one (see `loop.followups`)."""
         old = str(job.params["instance"])
         result: dict[str, Any] = {}
         machine = job.facts.get(old, {}).get("machine_id")

@@ -32,7 +32,8 @@ class OnInstance(_Params):
 
 
 class Replace(OnInstance):
-    """Launch a replacement now; destroy the old one once the new one runs (or at a deadline)."""
+    """Launch a replacement now; destroy the old one once the new one runs (or at a deadline),
+    at once if it serves nothing meanwhile."""
 
     block_host: bool = False
     reason: str = ""

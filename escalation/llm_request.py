@@ -33,7 +33,8 @@ HELP = {
     "launch": "Rent `count` new instances with the configured offer filter.",
     "scale_to": "Bring the fleet to `count` live instances (shrinking drains idle ones first).",
     "destroy": "Destroy one instance now; tasks still running on it are lost.",
-    "replace": "Launch a replacement, then destroy this instance once the new one runs.",
+    "replace": "Launch a replacement; this instance is destroyed once the new one runs, or at "
+    "once if it serves nothing meanwhile.",
     "drain": "Stop giving new tasks to an instance (Curio unschedulable).",
     "restart_daemon": "Restart the proving daemon (cuzk) on an instance.",
     "reboot": "Reboot an instance.",
