@@ -1,4 +1,5 @@
-"""Shared test helpers: rulebooks from text, facts over healthy defaults."""
+"""Shared test helpers: rulebooks from text, facts over healthy defaults, a simulator without
+faults."""
 
 from __future__ import annotations
 
@@ -39,6 +40,17 @@ def fact(kind: str, id: str | None = None, **fields: Any) -> dict[str, Any]:
 # Data-file tests (tests/data/rules, tests/data/config): each bad file states what it expects in
 # `# expect: LINE: TEXT` lines; a `# xfail: REASON` line marks a known, not yet fixed defect.
 ROOT = Path(__file__).resolve().parents[1]
+
+NO_FAULTS: dict[str, Any] = {  # SimConfig fields: nothing dies, sticks, freezes or is slow
+    "stuck_fraction": 0.0,
+    "daemon_death_per_h": 0.0,
+    "exit_per_h": 0.0,
+    "offline_per_h": 0.0,
+    "frozen_per_h": 0.0,
+    "odd_status_per_h": 0.0,
+    "crash_loop_host_fraction": 0.0,
+    "slow_host_fraction": 0.0,
+}
 EXPECT = re.compile(r"^# expect: (\d+): (.+)$", re.MULTILINE)
 XFAIL = re.compile(r"^# xfail: (.+)$", re.MULTILINE)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pydantic
 import pytest
+from support import NO_FAULTS
 
 from controller.model import STAGES, Demand, Instance
 from controller.providers.base import LaunchRequest, PermanentProviderError
@@ -19,16 +20,6 @@ from controller.sim.trace import load_trace
 
 SLICE = Path(__file__).parent / "data" / "trace_slice.csv"
 
-NO_FAULTS: dict[str, Any] = {
-    "stuck_fraction": 0.0,
-    "daemon_death_per_h": 0.0,
-    "exit_per_h": 0.0,
-    "offline_per_h": 0.0,
-    "frozen_per_h": 0.0,
-    "odd_status_per_h": 0.0,
-    "crash_loop_host_fraction": 0.0,
-    "slow_host_fraction": 0.0,
-}
 FAST_BOOT: dict[str, Any] = {
     "boot_s": (1, 1),
     "pull_s": (1, 1),

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import NO_FAULTS
 
 from controller.sim import SimConfig, Simulation
 from controller.sim.instance import LOST_STATUSES
@@ -30,14 +31,7 @@ EXACT: dict[str, Any] = {
     "register_s": (30, 30),
     "params_s": (300, 300),
     "bench_s": (150, 150),  # serving 600 s after renting
-    "stuck_fraction": 0.0,
-    "daemon_death_per_h": 0.0,
-    "exit_per_h": 0.0,
-    "offline_per_h": 0.0,
-    "frozen_per_h": 0.0,
-    "odd_status_per_h": 0.0,
-    "crash_loop_host_fraction": 0.0,
-    "slow_host_fraction": 0.0,
+    **NO_FAULTS,
 }
 
 
