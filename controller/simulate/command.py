@@ -1,10 +1,11 @@
-"""`fleetgate simulate`: replay a trace through the controller and three baselines.
+"""`fleetgate simulate`: replay a trace through the controller and four baselines.
 
 1. load the config (the simulator's world, rules, guards, settings) and the trace;
 2. cut the trace to the horizon (`--days`, else the last arrival plus the deadline), in whole
    ticks;
 3. run fleetgate on it (`run.run_fleetgate`), its journal in REPORT/state;
-4. run the baselines on the same tasks, with the world's boot time, slots and fleet cap;
+4. run the baselines on the same tasks, with the world's boot time, slots and fleet cap: three
+   in the fluid model, the proportional one again on the simulated world (`in_world`);
 5. write REPORT/report.json and REPORT/simulate.png; print the table.
 """
 
@@ -31,7 +32,7 @@ SAMPLES = 3000  # points per time series in the chart
 
 def add_parser(sub: Any) -> None:
     """The `simulate` subcommand and its options (`sub`: the CLI's subparsers)."""
-    p = sub.add_parser("simulate", help="replay a task trace: fleetgate beside three baselines")
+    p = sub.add_parser("simulate", help="replay a task trace: fleetgate beside four baselines")
     add = p.add_argument
     add("--trace", required=True, metavar="FILE", help="CSV of tasks")
     add("--days", type=float, metavar="N",
