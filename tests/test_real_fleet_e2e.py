@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import threading
@@ -123,8 +124,11 @@ def free_port() -> int:
 def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
     rules = tmp_path / "rules"
     shutil.copytree(ROOT / "rules", rules, ignore=shutil.ignore_patterns("tests"))
-    scaling = rules / "scaling.yaml"  # idle for 15 minutes of real time is too long for a test
-    scaling.write_text(scaling.read_text().replace("idle_for_s: {gte: 900}", "idle_for_s: {gt: 0}"))
+    scaling = rules / "scaling.yaml"  # idle for 10 minutes of real time is too long for a test
+    shipped = scaling.read_text()
+    quick = re.sub(r"idle_for_s: \{gte: [0-9.]+\}", "idle_for_s: {gt: 0}", shipped)
+    assert quick != shipped, "the shipped idle wait was not found in scaling.yaml"
+    scaling.write_text(quick)
     monkeypatch.setenv("FG_VAST_KEY", "fake-vast-key-0123456789abcdef")
     monkeypatch.setenv("FG_CURIO_DSN", DSN)
     monkeypatch.setenv("FG_FLEET_TOKEN", FLEET_TOKEN)

@@ -149,7 +149,10 @@ WRONG: list[Any] = [
     pytest.param(
         {
             "name": "wrong param: the rendered count",
-            "facts": [{"kind": "demand", "pending": 5, "running": 2}, {"kind": "fleet"}],
+            "facts": [
+                {"kind": "demand", "pending": 5, "running": 2, "oldest_pending_s": 600.0},
+                {"kind": "fleet"},
+            ],
             "expect": {
                 "proposals": [
                     {
@@ -198,8 +201,8 @@ WRONG: list[Any] = [
             "facts": [
                 {"kind": "demand"},
                 {"kind": "fleet"},
-                {"kind": "instance", "id": "i1", "idle_for_s": 900.0},
-                {"kind": "instance", "id": "i2", "idle_for_s": 899.0},
+                {"kind": "instance", "id": "i1", "idle_for_s": 600.0},
+                {"kind": "instance", "id": "i2", "idle_for_s": 599.0},
             ],
             "expect": {
                 "proposals": [
