@@ -13,6 +13,9 @@ a registered ruleset. This adapter makes it a pure-looking function `match(facts
 - every batch carries a marker fact that a no-op rule fires on: durable_rules segfaults in
   `delete_state` for a session in which no action ever ran;
 - callbacks only record (rule key, {alias: fact id}); they cannot raise;
+- a fact is asserted with only the fields the rulebook names (`Rulebook.fields_used`), its
+  kind and id: the engine parses every field it is given, and the rest of a fact is read from
+  the caller's copy by id (about a fifth of a tick at 10,000 instances);
 - one lock serialises all use, since the library has none.
 """
 
@@ -32,6 +35,7 @@ from controller.rulebook import Rulebook
 
 _LOCK = threading.Lock()
 _COUNTER = itertools.count(1)
+_KIND_ID = ("kind", "id")  # what a fact of a kind no rule names is asserted with
 
 
 class EngineError(RuntimeError):
@@ -58,8 +62,13 @@ def _host() -> _QuietHost:
 class Engine:
     """A compiled rulebook registered in durable_rules, matched one batch of facts at a time."""
 
-    def __init__(self, book: Rulebook) -> None:
+    def __init__(self, book: Rulebook, *, every_field: bool = False) -> None:
+        """`every_field`: assert facts whole, not only the fields the rules name."""
         self.book = book
+        self._keep: dict[str, tuple[str, ...]] | None = None
+        if not every_field:
+            self._keep = {kind: ("kind", "id", *sorted(names - {"kind", "id"}))
+                          for kind, names in book.fields_used().items()}  # fmt: skip
         self._fired: list[Match] = []
         self._name = f"fleetgate_{book.digest or 'rules'}_{next(_COUNTER)}"
         definition: dict[str, Any] = {}
@@ -82,11 +91,19 @@ class Engine:
         record.__name__ = f"record_{key}"
         return record
 
+    def _asserted(self, fact: dict[str, Any], sid: str, stamp: float) -> dict[str, Any]:
+        if self._keep is None:
+            return dict(fact, sid=sid, t=stamp)
+        keep = self._keep.get(str(fact.get("kind")), _KIND_ID)
+        slim = {k: fact[k] for k in keep if k in fact}
+        slim["sid"], slim["t"] = sid, stamp
+        return slim
+
     def match(self, facts: Sequence[dict[str, Any]], stamp: float) -> list[Match]:
         """Assert `facts` in a fresh session, return what fired, drop the session."""
         sid = f"{self._name}.{next(self._sids)}"
         batch = [{"kind": TICK_KIND, "id": TICK_KIND, "sid": sid, "t": stamp}]
-        batch += [dict(f, sid=sid, t=stamp) for f in facts]
+        batch += [self._asserted(f, sid, stamp) for f in facts]
         with _LOCK:
             self._fired.clear()
             host = _host()

@@ -62,6 +62,8 @@ class Planned:
     decided: Decided
     plan: Plan
     doubts: tuple[Doubt, ...]
+    by_id: dict[str, dict[str, Any]]
+    """The facts by id."""
 
 
 def sense(provider: Provider, demand: DemandSensor, now: float) -> Observation:
@@ -187,7 +189,8 @@ class Controller:
         if write:  # sources may change state (an overdue command is closed once)
             extra += [p for source in self.sources for p in source(now)]
         decided = decide(facts, matches, self.rules.book, self.settings, now, extra)
-        ctx = guards.Context({str(f["id"]): f for f in facts}, hist, self._limits(), now)
+        by_id = {str(f["id"]): f for f in facts}
+        ctx = guards.Context(by_id, hist, self._limits(), now)
         checked, vetoes = guards.check(decided.decisions, ctx)
         return Planned(
             now,
@@ -200,6 +203,7 @@ class Controller:
             decided,
             Plan(tuple(checked)),
             decided.doubts + tuple(vetoes),
+            by_id,
         )
 
     def _in_flight(self, obs: Observation, now: float, *, write: bool) -> list[str]:
@@ -258,11 +262,14 @@ class Controller:
             for e in planned.events:
                 if e.kind == "gone":
                     self.on_gone(e.instance_id)
-        by_id = {str(f["id"]): f for f in planned.facts}
+        by_id = planned.by_id
         counts, vetoed_answers = self._carry_out(planned, tick_id, by_id)
         fleet = by_id.get("fleet", {})
-        targets = {str(f["id"]) for f in planned.facts if f["kind"] == "instance"}
-        targets |= {str(f["machine_id"]) for f in planned.facts if f["kind"] == "instance"}
+        targets: set[str] = set()
+        for f in planned.facts:
+            if f["kind"] == "instance":
+                targets.add(str(f["id"]))
+                targets.add(str(f["machine_id"]))
         doubts = planned.doubts + tuple(vetoed_answers)
         budget = self._budget(fleet, planned)
         raised = self.escalator.raise_all(doubts, fleet, budget, now, targets)

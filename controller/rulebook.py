@@ -87,6 +87,21 @@ class Rulebook:
     def rule(self, name: str) -> Rule:
         return next(r for r in self.rules if r.name == name)
 
+    def fields_used(self) -> dict[str, frozenset[str]]:
+        """Per fact kind, the fields a rule or a normal pattern names (references included):
+        all the rule engine needs to see of a fact, besides its kind and id."""
+        used: dict[str, set[str]] = {}
+        patterns = [(k, p) for r in self.rules for k, p in r.when.items()]
+        patterns += [(k, p) for k, ps in self.normal.items() for p in ps]
+        for kind, pat in patterns:
+            for fld, cond in (pat or {}).items():
+                used.setdefault(kind, set()).add(str(fld))
+                for value in cond.values() if isinstance(cond, dict) else ():
+                    if isinstance(value, dict) and set(value) == {"ref"}:
+                        ref_kind, _, ref_field = str(value["ref"]).partition(".")
+                        used.setdefault(ref_kind, set()).add(ref_field)
+        return {kind: frozenset(names) for kind, names in used.items()}
+
 
 class _Collector:
     def __init__(self, path: str) -> None:

@@ -9,9 +9,16 @@ import threading
 from pathlib import Path
 
 import pytest
-from support import engine_of, fact
+from support import book_of, engine_of, fact
 
-from controller.engine import EngineError
+from controller.bench_tick import synthetic_instances
+from controller.engine import Engine, EngineError
+from controller.facts import build_facts
+from controller.model import Demand, Observation, SensorStatus
+from controller.rules_source import read_rulebook
+from controller.track import History
+
+ROOT = Path(__file__).resolve().parents[1]
 
 RULES = """
 normal:
@@ -50,7 +57,7 @@ def test_the_facts_are_as_they_were_after_a_match_and_after_a_failed_one() -> No
     before = [dict(f) for f in facts]
     e.match(facts, 1.0)
     assert facts == before  # the session id they carried while asserted is gone
-    bad = [fact("instance", "i2"), fact("instance", "i3", status_msg=object())]
+    bad = [fact("instance", "i2"), fact("instance", "i3", restarts_1h=object())]
     with pytest.raises(EngineError, match="not JSON"):  # refused before durable_rules sees it
         e.match(bad, 2.0)
     assert all("sid" not in f for f in bad)
@@ -120,3 +127,66 @@ def test_a_session_where_no_rule_fires_can_be_dropped_without_crashing() -> None
                          timeout=60)  # fmt: skip
     assert out.returncode == 0, f"child exited {out.returncode}: {out.stderr[-500:]}"
     assert "survived" in out.stdout
+
+
+def test_the_fields_a_rulebook_names_include_references_and_normal_patterns() -> None:
+    used = book_of(RULES).fields_used()
+    assert used == {
+        "instance": {"status", "daemon", "restarts_1h"},
+        "demand": {"task", "pending"},
+        "fleet": {"active"},
+    }
+
+
+def test_only_the_named_fields_are_asserted() -> None:
+    # status_msg is named by no rule: never serialised, so even a value JSON cannot hold is fine
+    odd = [fact("instance", "i1", daemon="down", status_msg=object()), fact("fleet", active=2)]
+    assert [m.rule for m in engine_of(RULES).match(odd, 1.0) if m.rule] == ["restart"]
+    with pytest.raises(EngineError, match="not JSON"):  # the whole fact would be
+        Engine(book_of(RULES), every_field=True).match(odd, 1.0)
+
+
+def test_asserting_only_the_named_fields_fires_what_whole_facts_fire() -> None:
+    book = read_rulebook([ROOT / "rules"])
+    now = 1_700_000_000.0
+    obs = Observation(
+        now,
+        tuple(synthetic_instances(400, now)),
+        (Demand("all", 250, 600, 900.0), Demand("PoRep", 250, 600, 900.0)),
+        (SensorStatus("provider", "ok"), SensorStatus("demand", "stale", "late")),
+    )
+    facts = build_facts(obs, History(host_blocks={"m7": now + 60.0}), now) + [
+        fact("instance", "dead", status="exited", status_for_s=400.0, daemon="down"),
+        fact("instance", "stuck", stage="bench", stage_age_s=3000.0),
+        fact("instance", "slow", bench_rate=10.0),
+        fact("instance", "blocked", host_blocked=True),
+        fact("instance", "looping", daemon="down", restarts_1h=3),
+    ]
+    slim = Engine(book).match(facts, now)
+    whole = Engine(book, every_field=True).match(facts, now)
+    assert sorted(slim, key=repr) == sorted(whole, key=repr)
+    assert {m.key for m in slim} >= {
+        "abnormal:instance", "abnormal:sensor", "rule:scale-to-proving-backlog",
+        "rule:restart-silently-exited-daemon", "rule:destroy-dead-instance",
+        "rule:replace-stuck-benchmarking", "rule:replace-slow-benchmark",
+        "rule:replace-instance-on-blocked-host", "rule:replace-crash-looping-instance",
+    }  # fmt: skip
+
+
+def test_a_field_named_only_in_a_reference_reaches_the_engine() -> None:
+    text = """
+normal: {demand: {}, fleet: {}}
+rules:
+  - name: burst
+    when:
+      fleet: {}
+      demand: {pending: {gt: {ref: fleet.serving}}}
+    then: {action: hold, reason: burst}
+    confidence: 0.9
+"""
+    assert book_of(text).fields_used() == {"fleet": {"serving"}, "demand": {"pending"}}
+    e = engine_of(text)
+    assert [m.rule for m in e.match([fact("demand", pending=3), fact("fleet", serving=1)], 1.0)
+            if m.rule] == ["burst"]  # fmt: skip
+    assert not [m for m in e.match([fact("demand", pending=3), fact("fleet", serving=5)], 2.0)
+                if m.rule]  # fmt: skip
