@@ -28,6 +28,7 @@ from escalation.router import Escalator
 log = logging.getLogger(__name__)
 
 SIM_KEY = "sim.state"
+AGENTS_KEY = "sim.agents"
 
 
 @dataclass
@@ -37,7 +38,8 @@ class App:
     journal: Journal
     controller: Controller
     sim: Simulation | None
-    lifecycle: Any = None  # the instance records (provider vast)
+    lifecycle: Any = None  # the instance records
+    wire: Any = None  # the simulator's wire (provider sim): its seams count their calls
 
     def close(self) -> None:
         self.journal.close()
@@ -133,50 +135,60 @@ def build(
             after_tick=lambda: journal.put(wiring.HEALTH_KEY, fleet.failures),
         )  # fmt: skip
         return App(config, state, journal, controller, None, store)
+    return _build_sim(config, state, journal, source, settings, escalator, seed)
+
+
+def _build_sim(config: Config, state: Path, journal: Journal, source: RulesSource,
+               settings: DecideSettings, escalator: Escalator,
+               seed: int | None) -> App:  # fmt: skip
+    """The same fleet path as provider vast, on the simulator's wire (`controller.sim.wire`)."""
+    from controller.instance_api import InstanceService
+    from controller.sim.agents import AgentSettings
+    from controller.sim.wire import SimWire
+
     sim = load_sim(journal, config, seed)
+    agent_settings = AgentSettings.model_validate(config.sim.agents)
+    wire = SimWire(sim, agent_settings, (journal.get(AGENTS_KEY) or {}).get("agents"))
+    fleet, curio, store = wiring.real_fleet(config, journal, sim.now, wire.seams)
+    wire.attach(InstanceService(store, sim.now))
     step = config.sim.seconds_per_tick
 
     def save() -> None:
+        journal.put(wiring.HEALTH_KEY, fleet.failures)
         journal.put(SIM_KEY, sim.to_json())
+        journal.put(AGENTS_KEY, wire.state())
 
     controller = Controller(
-        journal=journal, provider=sim.provider, demand=sim.provider, rules=source,
-        settings=settings, escalator=escalator, clock=sim.now,
-        before_tick=lambda: sim.advance(step), after_tick=save,
+        journal=journal, provider=fleet, demand=curio, rules=source, settings=settings,
+        escalator=escalator, clock=sim.now, before_tick=lambda: wire.before_tick(step),
+        after_tick=save, sources=[fleet.overdue], on_gone=fleet.gone,
     )  # fmt: skip
-    return App(config, state, journal, controller, sim)
+    return App(config, state, journal, controller, sim, store, wire)
 
 
 def status(app: App) -> dict[str, Any]:
-    """What `fleetgate status` shows: the fleet, the queue, the last tick, what waits on people."""
+    """What `fleetgate status` shows: the fleet as the last tick saw it, the queue, the last
+    tick, what waits on people; instances on the account that fleetgate does not manage."""
     j = app.journal
     last = j.ticks(1)
-    # the simulator answers at once; a real fleet is shown as the last tick saw it
     tracks = list(j.history(app.controller.clock()).instances.values())
-    views = [(i.stage, i.status) for i in app.sim.provider.list_instances()] if app.sim else [
-        (t.stage, t.status) for t in tracks]  # fmt: skip
     by_stage: dict[str, int] = {}
-    for stage, state in views:
-        key = stage if state == "running" else state
+    for t in tracks:
+        key = t.stage if t.status == "running" else t.status
         by_stage[key] = by_stage.get(key, 0) + 1
-    demand: dict[str, dict[str, Any]] = {
-        d.task: {"pending": d.pending, "running": d.running}
-        for d in (app.sim.provider.demand() if app.sim else [])
-    }
     summary = (last[0].get("summary") or {}) if last else {}
-    if app.sim is None:
-        demand = {"all": {"pending": summary.get("pending"), "running": None}}
     return {
         "provider": app.config.provider,
         "paused": bool(j.get("paused", False)) or app.config.guards.paused,
         "rules": app.controller.rules.book.digest,
         "last_tick": last[0] if last else None,
-        "instances": len(views),
+        "instances": len(tracks),
         "by_stage": by_stage,
-        "spend_per_h": summary.get("spend_per_h")
-        if app.sim is None
-        else round(sum(i.dph for i in app.sim.provider.list_instances()), 4),  # fmt: skip
-        "demand": demand,
+        "foreign": summary.get("foreign", []),
+        "spend_per_h": summary.get("spend_per_h"),
+        "demand": {
+            "all": {"pending": summary.get("pending"), "running": summary.get("running_tasks")}
+        },  # fmt: skip
         "pending_escalations": len(j.escalations(status="pending")),
         "leader": lease.read(j).as_dict(),
         "sim": app.sim.stats if app.sim else None,

@@ -31,6 +31,11 @@ class SimSection(_Strict):
     world: dict[str, Any] = Field(
         default_factory=dict, description="simulator parameters (controller.sim.SimConfig fields)"
     )
+    agents: dict[str, Any] = Field(
+        default_factory=dict,
+        description="how the simulated instances' agents behave "
+        "(controller.sim.agents.AgentSettings fields)",
+    )
 
 
 class LLMSection(_Strict):
@@ -249,6 +254,9 @@ class Config(_Strict):
 
     @model_validator(mode="after")
     def _sections_for_choices(self) -> Config:
+        if self.provider == "sim" and self.demand == "curio":
+            raise ValueError("demand 'curio' needs provider 'vast' (the simulator answers its own "
+                             "queue: use demand 'sim')")  # fmt: skip
         needs = {"vast": self.provider == "vast", "instances": self.provider == "vast",
                  "api": self.provider == "vast", "curio": self.demand == "curio"}  # fmt: skip
         missing = [k for k, needed in needs.items() if needed and getattr(self, k) is None]
@@ -327,8 +335,9 @@ def parse_config(path: str, text: str) -> Config:
                 tag = next((p for p in raw if p in _CHANNELS), None)
                 keys = _CHANNELS[tag].model_fields if tag else _keys_at(loc[:-1])
                 msg = f"unknown key (expected one of {', '.join(sorted(keys))})"
-            if not loc and isinstance(doc, Located) and "provider" in doc:
-                loc = ("provider",)  # the cross-section checks are about the choice made there
+            choice = next((k for k in ("provider", "demand") if k in doc), None)
+            if not loc and isinstance(doc, Located) and choice:
+                loc = (choice,)  # the cross-section checks are about the choice made there
                 msg = msg.removeprefix("Value error, ")
             key = ".".join(str(p) for p in loc) or "config"
             found.setdefault((_line_for(doc, loc), key), []).append(msg)

@@ -94,7 +94,9 @@ def fleet_fact(obs: Observation, hist: History, now: float) -> dict[str, Any]:
         "spend_per_h": round(sum(i.dph for i in inst), 4),
         "launches_1h": hist.launches_since(now - 3600),
         "pending": total.pending if total else 0,
-        "running_tasks": total.running if total else 0,
+        # tasks on the fleet's own nodes: Curio's other nodes (the operator's own) may run
+        # proving tasks too, and those are not this fleet's capacity in use
+        "running_tasks": sum(i.tasks_running for i in inst),
     }
 
 

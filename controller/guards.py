@@ -59,9 +59,12 @@ def _launch_room(ctx: Context, b: _Budget, overridden: frozenset[str] = frozense
                  ) -> tuple[int, str]:  # fmt: skip
     """How many launches the limits allow now (less those overridden), and the tightest."""
     lim, fleet = ctx.limits, ctx.fleet
-    spend_left = lim.max_spend_per_hour - float(fleet.get("spend_per_h", 0.0)) - b.spend
+    # launches on their way (created, not listed yet) bill like listed instances
+    on_way = int(fleet.get("pending_launches", 0))
+    spend = float(fleet.get("spend_per_h", 0.0)) + on_way * lim.launch_dph_estimate
+    spend_left = lim.max_spend_per_hour - spend - b.spend
     rooms = {
-        "max_instances": lim.max_instances - int(fleet.get("instances", 0)) - b.launched,
+        "max_instances": lim.max_instances - int(fleet.get("instances", 0)) - on_way - b.launched,
         "max_launches_per_tick": lim.max_launches_per_tick - b.launched,
         "max_launches_per_hour": lim.max_launches_per_hour - ctx.hist.launches_since(ctx.now - 3600)
         - b.launched,
@@ -125,8 +128,17 @@ def _cooldown(d: Decision, ctx: Context) -> Decision | None:
     return None
 
 
-def _destroy(d: Decision, inst: dict[str, Any], ctx: Context, b: _Budget) -> Decision:
+def _destroy(d: Decision, inst: dict[str, Any], ctx: Context, b: _Budget,
+             doubts: list[Doubt]) -> Decision:  # fmt: skip
     lim, fleet = ctx.limits, ctx.fleet
+    if inst.get("status") == "running" and inst.get("sidecar") == "unknown":
+        why = ("its Curio node is unknown (not in harmony_machines at its address): it may hold "
+               "tasks, and it cannot be drained first")  # fmt: skip
+        doubts.append(Doubt("guard_veto", f"instance:{inst.get('id')}",
+                            f"{d.proposal.proposer} wants to destroy instance {inst.get('id')}, "
+                            f"but {why}", facts=(inst,), key={"guard": "unknown_node"},
+                            proposals=(d.proposal,)))  # fmt: skip
+        return _veto(d, "drain_before_destroy", why)
     healthy = inst.get("status") == "running" and inst.get("sidecar") == "up"
     if healthy and not inst.get("drained"):
         drained = replace(
@@ -175,7 +187,7 @@ def _on_instance(d: Decision, ctx: Context, b: _Budget, doubts: list[Doubt]) -> 
     if inst is None or inst.get("kind") != "instance":
         return _noop(d, f"instance {d.proposal.params['instance']!r} is not in the fleet (gone?)")
     if action == "destroy":
-        return _destroy(d, inst, ctx, b)
+        return _destroy(d, inst, ctx, b, doubts)
     if action == "replace":
         if inst.get("retiring"):
             return _noop(d, "a replacement is already under way")

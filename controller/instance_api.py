@@ -19,6 +19,9 @@ invalid body: 422 naming the fields, without echoing the input.
 Bodies ignore unknown fields: an agent on an instance image may be newer than the controller,
 and a refused registration would get a healthy instance destroyed.
 
+`InstanceService` is what each call does once its body is parsed; the routes are its HTTP
+side, and the simulator's agents call it directly (the simulator replaces only the HTTP hop).
+
 This module must NOT decide anything about an instance: it validates, stores, and answers.
 """
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
@@ -117,10 +121,83 @@ def _too_large() -> Response:
     return JSONResponse({"detail": f"body over {MAX_BODY_BYTES} bytes"}, status_code=413)
 
 
+class InstanceAPIError(Exception):
+    """An instance API call refused: `status` is the HTTP status it answers with."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class InstanceService:
+    """What each instance API call does, after its body is parsed: the routes below call it,
+    and so do the simulator's agents (which replace only the HTTP hop). Errors are
+    `InstanceAPIError` with the status the route answers; `calls` counts calls by name."""
+
+    def __init__(self, store: LifecycleStore, clock: Callable[[], float]) -> None:
+        self.store = store
+        self.clock = clock
+        self.calls: Counter[str] = Counter()
+
+    def register(self, body: Registration) -> dict[str, Any]:
+        self.calls["register"] += 1
+        record = self.store.register(body.label, body.vast_id, body.min_rate, body.host_and_port,
+                                     self.clock(), agent_version=body.agent_version)  # fmt: skip
+        log.info("instance %s registered (vast id %s)", record.label, record.vast_id)
+        return {"label": record.label, "stage": record.stage}
+
+    def advance(self, label: str, stage: str, rate: float | None = None) -> dict[str, Any]:
+        self.calls[stage] += 1
+        try:
+            record = self.store.advance(label, stage, self.clock(), bench_rate=rate)
+        except UnknownInstance as exc:
+            raise InstanceAPIError(404, str(exc)) from exc
+        except StageOrderError as exc:
+            raise InstanceAPIError(409, str(exc)) from exc
+        log.info("instance %s reported stage %s (rate %s)", label, stage, rate)
+        return {"label": label, "stage": record.stage}
+
+    def heartbeat(self, label: str, body: Heartbeat) -> dict[str, Any]:
+        self.calls["heartbeat"] += 1
+        try:
+            picked = self.store.heartbeat(label, self.clock(), body.daemon_uptime_s,
+                                          body.daemon_state)  # fmt: skip
+        except UnknownInstance as exc:
+            raise InstanceAPIError(404, str(exc)) from exc
+        for c in picked:
+            log.info("instance %s picked command #%d %s", label, c.id, c.command)
+        return {"commands": [{"id": c.id, "command": c.command} for c in picked]}
+
+    def command_done(self, label: str, command_id: int, body: CommandDone) -> dict[str, Any]:
+        self.calls["command_done"] += 1
+        result = {"ok": body.ok, "detail": body.detail}
+        try:
+            recorded = self.store.complete(command_id, result, self.clock(), label=label)
+        except UnknownCommand as exc:
+            raise InstanceAPIError(404, str(exc)) from exc
+        log.info("instance %s command #%d done: ok=%s", label, command_id, body.ok)
+        return {"recorded": recorded}
+
+    def logs(self, label: str, body: Logs) -> dict[str, Any]:
+        self.calls["logs"] += 1
+        try:
+            kept = self.store.push_logs(label, body.lines, self.clock())
+        except UnknownInstance as exc:
+            raise InstanceAPIError(404, str(exc)) from exc
+        return {"kept": kept}
+
+
 def instance_router(
-    store: LifecycleStore, fleet_token: SecretStr, clock: Callable[[], float]
+    store: LifecycleStore | InstanceService,
+    fleet_token: SecretStr,
+    clock: Callable[[], float] | None = None,
 ) -> APIRouter:
-    """The instance API over `store`, for `app.include_router(...)`."""
+    """The instance API over a service (or a store and clock), for `app.include_router(...)`."""
+    if isinstance(store, InstanceService):
+        service = store
+    else:
+        assert clock is not None, "a LifecycleStore needs the clock"
+        service = InstanceService(store, clock)
     expected = fleet_token.get_secret_value().encode()
 
     def authorized(authorization: str = Header(default="")) -> None:
@@ -134,62 +211,38 @@ def instance_router(
         prefix="/v1/instances", dependencies=[Depends(authorized)], route_class=_CappedRoute
     )
 
-    def advance(label: str, stage: str, rate: float | None = None) -> dict[str, Any]:
+    def call(do: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         try:
-            record = store.advance(label, stage, clock(), bench_rate=rate)
-        except UnknownInstance as exc:
-            raise HTTPException(404, str(exc)) from exc
-        except StageOrderError as exc:
-            raise HTTPException(409, str(exc)) from exc
-        log.info("instance %s reported stage %s (rate %s)", label, stage, rate)
-        return {"label": label, "stage": record.stage}
+            return do()
+        except InstanceAPIError as exc:
+            raise HTTPException(exc.status, str(exc)) from exc
 
     @router.post("/register")
     def register(body: Registration) -> dict[str, Any]:
-        record = store.register(body.label, body.vast_id, body.min_rate, body.host_and_port,
-                                clock(), agent_version=body.agent_version)  # fmt: skip
-        log.info("instance %s registered (vast id %s)", record.label, record.vast_id)
-        return {"label": record.label, "stage": record.stage}
+        return call(lambda: service.register(body))
 
     @router.post("/{label}/params-done")
     def params_done(label: Label) -> dict[str, Any]:
-        return advance(label, "params")
+        return call(lambda: service.advance(label, "params"))
 
     @router.post("/{label}/bench-done")
     def bench_done(label: Label, body: BenchDone) -> dict[str, Any]:
-        return advance(label, "bench", body.rate)
+        return call(lambda: service.advance(label, "bench", body.rate))
 
     @router.post("/{label}/running")
     def running(label: Label) -> dict[str, Any]:
-        return advance(label, "running")
+        return call(lambda: service.advance(label, "running"))
 
     @router.post("/{label}/heartbeat")
     def heartbeat(label: Label, body: Heartbeat | None = None) -> dict[str, Any]:
-        body = body or Heartbeat()
-        try:
-            picked = store.heartbeat(label, clock(), body.daemon_uptime_s, body.daemon_state)
-        except UnknownInstance as exc:
-            raise HTTPException(404, str(exc)) from exc
-        for c in picked:
-            log.info("instance %s picked command #%d %s", label, c.id, c.command)
-        return {"commands": [{"id": c.id, "command": c.command} for c in picked]}
+        return call(lambda: service.heartbeat(label, body or Heartbeat()))
 
     @router.post("/{label}/commands/{command_id}/done")
     def command_done(label: Label, command_id: int, body: CommandDone) -> dict[str, Any]:
-        result = {"ok": body.ok, "detail": body.detail}
-        try:
-            recorded = store.complete(command_id, result, clock(), label=label)
-        except UnknownCommand as exc:
-            raise HTTPException(404, str(exc)) from exc
-        log.info("instance %s command #%d done: ok=%s", label, command_id, body.ok)
-        return {"recorded": recorded}
+        return call(lambda: service.command_done(label, command_id, body))
 
     @router.post("/{label}/logs")
     def logs(label: Label, body: Logs) -> dict[str, Any]:
-        try:
-            kept = store.push_logs(label, body.lines, clock())
-        except UnknownInstance as exc:
-            raise HTTPException(404, str(exc)) from exc
-        return {"kept": kept}
+        return call(lambda: service.logs(label, body))
 
     return router

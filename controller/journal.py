@@ -594,6 +594,19 @@ class Journal:
             r["result"] = json.loads(r["result"]) if r["result"] else {}
         return rows
 
+    def launched_after(self, action_id: int) -> list[tuple[int, str, str]]:
+        """(action id, instance id, label) of every single launch that rented an instance,
+        after action `action_id`: the instances fleetgate owns whatever vast lists as label."""
+        rows = self._all("SELECT id, result FROM actions WHERE action = 'launch' AND status = 'ok' "
+                         "AND parent_id IS NOT NULL AND id > ? ORDER BY id",
+                         (action_id,))  # fmt: skip
+        out = []
+        for r in rows:
+            result = json.loads(r["result"]) if r["result"] else {}
+            if result.get("instance"):
+                out.append((int(r["id"]), str(result["instance"]), str(result.get("label", ""))))
+        return out
+
     def seen_instances(self, since: float, among: Iterable[str]) -> set[str]:
         """Which of the instances `among` were listed (first seen) since `since`."""
         ids = sorted({str(i) for i in among})

@@ -165,14 +165,21 @@ class LifecycleStore:
         return self._require(label)
 
     def link(
-        self, label: str, *, vast_id: str | None = None, machine_id: str | None = None
+        self,
+        label: str,
+        *,
+        vast_id: str | None = None,
+        machine_id: str | None = None,
+        host_and_port: str | None = None,
     ) -> None:
-        """What the controller learned from the vast listing (the agent may not know it)."""
+        """What the controller learned from the vast listing and Curio's tables (the agent may
+        not know it, or may have said otherwise): it overrides what the agent reported."""
         with self._j.tx() as db:
             cur = db.execute(
                 "UPDATE instance_records SET vast_id = COALESCE(?, vast_id), "
-                "machine_id = COALESCE(?, machine_id) WHERE label = ?",
-                (vast_id, machine_id, label),
+                "machine_id = COALESCE(?, machine_id), "
+                "host_and_port = COALESCE(?, host_and_port) WHERE label = ?",
+                (vast_id, machine_id, host_and_port, label),
             )
             if cur.rowcount != 1:
                 raise UnknownInstance(f"no instance registered as {label!r}")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -66,12 +66,38 @@ class Planned:
     """The facts by id."""
 
 
-def sense(provider: Provider, demand: DemandSensor, now: float) -> Observation:
-    """Step 2. Each sensor independently; a failure is recorded, never read as zero."""
+def sense(provider: Provider, demand: DemandSensor, now: float,
+          tracked: Collection[str] = (),
+          destroyed: Collection[str] = ()) -> Observation:  # fmt: skip
+    """Step 2. Each sensor independently; a failure is recorded, never read as zero.
+
+    Tracked instances that a good listing lacks (and that we did not destroy) are looked up
+    one by one where the provider can (`confirm_gone`): vast's listing has answered empty while
+    instances billed, and an instance destroyed in vast's console, or by a destroy whose answer
+    timed out, is gone only when vast says so. The rest stay `unconfirmed`."""
     sensors: list[SensorStatus] = []
     instances = _read("provider", provider.list_instances, sensors)
     queue = _read("demand", demand.demand, sensors)
-    return Observation(now, tuple(instances), tuple(queue), tuple(sensors))
+    foreign = tuple(getattr(provider, "foreign", ()))
+    obs = Observation(now, tuple(instances), tuple(queue), tuple(sensors), foreign)
+    confirm = getattr(provider, "confirm_gone", None)
+    if confirm is None or not obs.sensor_ok("provider"):
+        return obs
+    listed = {i.id for i in instances}
+    missing = sorted(set(tracked) - listed - set(destroyed), key=_numeric)
+    if not missing:
+        return obs
+    try:
+        gone = set(confirm(missing))
+    except (ProviderError, SensorError) as exc:
+        log.warning("sensing: cannot confirm %d missing instance(s): %s", len(missing), exc)
+        gone = set()
+    return replace(obs, confirmed_gone=tuple(i for i in missing if i in gone),
+                   unconfirmed=tuple(i for i in missing if i not in gone))  # fmt: skip
+
+
+def _numeric(instance_id: str) -> tuple[int, str]:
+    return (int(instance_id), "") if instance_id.isdigit() else (0, instance_id)
 
 
 def _read(name: str, read: Callable[[], list[Any]], sensors: list[SensorStatus]) -> list[Any]:
@@ -170,8 +196,9 @@ class Controller:
     def plan(self, now: float, *, write: bool = False) -> Planned:
         """Steps 2-7: sense and decide. With write=False nothing is stored or changed."""
         hist = self.journal.history(now)
-        obs = check_listing(sense(self.provider, self.demand, now), hist.instances,
-                            self.journal.destroyed_since(now - 3600))  # fmt: skip
+        destroyed = self.journal.destroyed_since(now - 3600)
+        sensed = sense(self.provider, self.demand, now, hist.instances, destroyed)
+        obs = check_listing(sensed, hist.instances, [*destroyed, *sensed.confirmed_gone])
         if write:  # a crashed run's unfinished actions, reconciled against this listing
             listed = {i.id for i in obs.instances} if obs.sensor_ok("provider") else None
             for r in self.journal.close_interrupted(now, listed):
@@ -230,6 +257,13 @@ class Controller:
                     self.journal.finish(r["id"], now, "ok", {"instance": listed.id, "label": label,
                                                              "confirmed_late": True})  # fmt: skip
                 continue
+            unknown_for = now - float(r["at"])
+            if r["status"] == "unknown" and unknown_for >= self.settings.guards.launch_unknown_s:
+                if write:  # good listings this long after the create lack its label
+                    self.journal.finish(r["id"], now, "lost", {"label": label, "note": "the "
+                                        "create answered nothing clear and its label was never "
+                                        f"listed in {unknown_for:.0f}s"})  # fmt: skip
+                continue
             if now - float(r["at"]) >= window:
                 if write and r["status"] != "ok":
                     self.journal.finish(r["id"], now, "lost", {"label": label, "note": "never "
@@ -282,8 +316,13 @@ class Controller:
             "instances": fleet.get("instances"),
             "pending": fleet.get("pending"),
             "spend_per_h": fleet.get("spend_per_h"),
+            "running_tasks": fleet.get("running_tasks"),
+            "foreign": [
+                {"id": i.id, "label": i.label, "status": i.status}
+                for i in planned.observation.foreign[:20]
+            ],  # fmt: skip
         }
-        self.journal.finish_tick(tick_id, now, summary)
+        self.journal.finish_tick(tick_id, self.clock(), summary)  # the real end, after acting
         if tick_id % 10 == 0:
             log.info(
                 "[%s] tick %d: %s instance(s), %s task(s) pending, $%s/h, %d escalation(s) pending",

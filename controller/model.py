@@ -63,6 +63,13 @@ class Observation:
     instances: tuple[Instance, ...]
     demand: tuple[Demand, ...]
     sensors: tuple[SensorStatus, ...]
+    foreign: tuple[Instance, ...] = ()
+    """Instances on the account that fleetgate did not launch: shown, never managed."""
+    confirmed_gone: tuple[str, ...] = ()
+    """Tracked instances missing from the listing that the provider confirmed gone."""
+    unconfirmed: tuple[str, ...] = ()
+    """Tracked instances missing from the listing that the provider did not confirm gone
+    (still there, or unknown): their tracks and records are kept, nothing acts on them."""
 
     def sensor_ok(self, name: str) -> bool:
         return all(s.state == "ok" for s in self.sensors if s.name == name)

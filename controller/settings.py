@@ -63,6 +63,13 @@ class Guards(_Strict):
         description="a launch not yet in the listing counts as capacity this long; "
         "after it, unconfirmed, it is recorded as lost",
     )
+    launch_unknown_s: float = Field(
+        300,
+        gt=0,
+        description="a launch whose create answered nothing clear (a 5xx, a timeout) counts as "
+        "capacity until good listings taken this long after it still lack its label; then it "
+        "is recorded as lost (vast lists a create within seconds)",
+    )
     paused: bool = Field(False, description="the pause switch: decide and record, act on nothing")
 
 

@@ -157,7 +157,8 @@ def _daemon_events(old: Track, inst: Instance, now: float) -> list[Event]:
 def advance(hist: History, obs: Observation, now: float) -> tuple[dict[str, Track], list[Event]]:
     """New tracks for every listed instance, and the events since the last tick.
 
-    When the provider sensor failed, nothing is marked gone: an unknown listing is not empty.
+    When the provider sensor failed, nothing is marked gone: an unknown listing is not empty;
+    nor is an instance missing from a good listing that the provider did not confirm gone.
     """
     tracks: dict[str, Track] = {}
     events: list[Event] = []
@@ -167,7 +168,11 @@ def advance(hist: History, obs: Observation, now: float) -> tuple[dict[str, Trac
         tracks[inst.id] = track
         events += evs
     if obs.sensor_ok("provider"):
+        unconfirmed = set(obs.unconfirmed)
         for gone in sorted(set(hist.instances) - set(tracks)):
+            if gone in unconfirmed:  # missing, but not confirmed gone: kept as it was
+                tracks[gone] = hist.instances[gone]
+                continue
             events.append(Event(gone, now, "gone", {"machine_id": hist.instances[gone].machine_id}))
     else:
         for kept in set(hist.instances) - set(tracks):

@@ -143,27 +143,69 @@ def check_passed(journal: Journal, base_url: str, model: str, threshold: float) 
                 and float(last.get("ratio", 0)) >= threshold)  # fmt: skip
 
 
-def real_fleet(
-    config: Config, journal: Journal, clock: Callable[[], float]
-) -> tuple[Any, Any, Any]:
-    """(fleet provider, demand sensor, lifecycle store) for provider vast with demand curio."""
-    from controller.health import check_many, status_target
-    from controller.lifecycle import LifecycleStore
-    from controller.providers.vast import VastClient, VastProvider, VastSettings
-    from controller.sensors.curio import CurioDemand, CurioSettings
-    from controller.sensors.fleet import RealFleet
+class Launched:
+    """Instance id -> launch label of every launch that rented, read from the journal once and
+    then only what is new (the instances fleetgate owns, whatever label vast shows)."""
 
+    def __init__(self, journal: Journal) -> None:
+        self._journal = journal
+        self._after = 0
+        self._ids: dict[str, str] = {}
+
+    def __call__(self) -> dict[str, str]:
+        for action_id, instance_id, label in self._journal.launched_after(self._after):
+            self._ids[instance_id] = label
+            self._after = action_id
+        return self._ids
+
+
+def fleet_settings(config: Config) -> tuple[Any, Any, Any]:
+    """(VastSettings, CurioSettings, InstancesSection) for the fleet path: the config's for
+    provider vast; for the simulator, what its simulated vast and Curio answer to."""
+    from controller.config import InstancesSection
+    from controller.providers.vast import DEFAULT_MIN_INTERVAL_S, VastSettings
+    from controller.sensors.curio import CurioSettings
+
+    if config.provider == "sim":
+        from controller.sim import wire
+
+        names = config.sim.world.get("task_weights") or {}
+        tasks: dict[str, Any] = {"tasks": dict.fromkeys(names, 1.0)} if names else {}
+        vast = VastSettings(base_url=wire.VAST_URL, api_key=SecretStr(wire.API_KEY),
+                            image=wire.IMAGE, backoff_s=0.0,
+                            min_interval_s=dict.fromkeys(DEFAULT_MIN_INTERVAL_S, 0.0))  # fmt: skip
+        curio = CurioSettings.model_validate(
+            {"dsn": SecretStr(wire.CURIO_DSN), "allow_drain": True, **tasks}
+        )
+        return vast, curio, InstancesSection.model_validate({"fleet_token": {"env": "UNUSED"}})
     vast_cfg, curio_cfg, inst = config.vast, config.curio, config.instances
     assert vast_cfg is not None and curio_cfg is not None and inst is not None
     key = _need(vast_cfg.api_key, "vast.api_key")
-    from controller.providers.vast import DEFAULT_MIN_INTERVAL_S
-
     fields = vast_cfg.model_dump(exclude={"api_key"})
     fields["min_interval_s"] = {**DEFAULT_MIN_INTERVAL_S, **vast_cfg.min_interval_s}
-    settings = VastSettings(**fields, api_key=key)
-    vast = VastProvider(VastClient(settings), settings, expect_nonempty=journal.has_tracks)
     dsn = _need(curio_cfg.dsn, "curio.dsn")
-    curio = CurioDemand(CurioSettings(**curio_cfg.model_dump(exclude={"dsn"}), dsn=dsn))
+    return (VastSettings(**fields, api_key=key),
+            CurioSettings(**curio_cfg.model_dump(exclude={"dsn"}), dsn=dsn), inst)  # fmt: skip
+
+
+def real_fleet(
+    config: Config, journal: Journal, clock: Callable[[], float], seams: Any = None
+) -> tuple[Any, Any, Any]:
+    """(fleet provider, demand sensor, lifecycle store): the vast client, the Curio sensor, the
+    health probes and the agent records, on `seams` (the wire: production's by default, the
+    simulator's for provider sim)."""
+    from controller.health import status_target
+    from controller.lifecycle import LifecycleStore
+    from controller.providers.vast import VastClient, VastProvider
+    from controller.sensors.curio import CurioDemand
+    from controller.sensors.fleet import RealFleet
+    from controller.sim.wire import Seams
+
+    wire = seams if seams is not None else Seams.real()
+    settings, curio_settings, inst = fleet_settings(config)
+    client = VastClient(settings, wire.session, clock=wire.clock, sleep=wire.sleep)
+    vast = VastProvider(client, settings)  # missing instances are confirmed one by one
+    curio = CurioDemand(curio_settings, connect=wire.curio_connect)
     store = LifecycleStore(journal)
 
     def check_health(instances: Any) -> Any:
@@ -172,14 +214,15 @@ def real_fleet(
             target = status_target(vast.last_raw.get(i.id, {}), inst.health_port)
             if target is not None:
                 targets[i.id] = target
-        return check_many(targets, inst.health_timeout_s)
+        return wire.check_many(targets, inst.health_timeout_s)
 
     fleet = RealFleet(vast=vast, lifecycle=store, curio=curio, check_health=check_health,
                       clock=clock, sidecar_stale_s=inst.sidecar_stale_s,
                       command_deadline_s=inst.command_deadline_s,
                       failures_to_down=inst.health_failures_to_down,
                       down_after_s=inst.health_down_after_s,
-                      failures=journal.get(HEALTH_KEY) or {})  # fmt: skip
+                      failures=journal.get(HEALTH_KEY) or {},
+                      launched=Launched(journal))  # fmt: skip
     return fleet, curio, store
 
 

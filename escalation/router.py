@@ -4,7 +4,8 @@ For each doubt:
 
 1. build a Situation (facts sanitized, recent actions on its subject, the fleet and budget
    summary, the allowed actions, the default action `hold`);
-2. skip it while the same fingerprint is pending, or was raised within the dedup window;
+2. skip it while the same fingerprint is pending, or was raised within the dedup window and
+   did not clear since (one that cleared and came back, a second outage, is raised anew);
 3. journal it (pending, with a deadline);
 4. if an LLM reader is configured (and the situation is not one the operator reserved for
    people), ask it; its answer acts when its confidence is at or above the threshold and its
@@ -112,7 +113,10 @@ class Escalator:
             last = self.journal.last_escalation(fp)
             if last and (
                 last["status"] == "pending"
-                or not should_escalate(float(last["created_at"]), now, self.window_s)
+                or (
+                    last["status"] != "resolved"  # it cleared: this is a new occurrence
+                    and not should_escalate(float(last["created_at"]), now, self.window_s)
+                )
             ):
                 continue  # fmt: skip
             esc_id = self.journal.add_escalation(

@@ -307,6 +307,17 @@ def test_register_and_report_the_boot_stages(controller: Controller) -> None:
     assert no_rate.returncode == 2 and "--rate" in no_rate.stderr
 
 
+def test_the_readme_setup_registers_its_launch_label_with_the_container_vast_id(
+    controller: Controller,
+) -> None:
+    """As the README's onstart runs it: FLEETGATE_LABEL from the create, no flags; vast's
+    VAST_CONTAINERLABEL still tells the instance id."""
+    e = env(controller.url, label="fg-3-9-0-abc123", VAST_CONTAINERLABEL="C.5151")
+    assert agent(e, "register").returncode == 0
+    rec = controller.store.records()["fg-3-9-0-abc123"]
+    assert (rec.vast_id, rec.host_and_port) == ("5151", None)
+
+
 def test_refusals_and_bad_settings_have_their_own_exit_codes(controller: Controller) -> None:
     wrong = agent(env(controller.url, token="not-the-token"), "register", "--once")
     assert wrong.returncode == 4 and "HTTP 401" in wrong.stderr

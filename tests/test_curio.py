@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from controller.model import Demand
 from controller.providers.base import DemandSensor, SensorError, StaleReading
-from controller.sensors.curio import CurioDemand, CurioSettings, connect
+from controller.sensors.curio import CurioDemand, CurioSettings, connect, summarize
 
 DSN = os.environ.get("FLEETGATE_TEST_PG_DSN", "host=127.0.0.1 port=5432 dbname=test user=postgres")
 PASSWORD = "Pw-" + secrets.token_hex(8)
@@ -79,6 +79,18 @@ def test_counts_pending_and_running_per_task_and_a_weighted_total(db: CurioDB) -
     assert (demand["WdPost"].pending, demand["WdPost"].running) == (3, 0)
     assert demand["WinPost"] == Demand("WinPost", 0, 0, 0.0, 0)
     assert (demand["all"].pending, demand["all"].running) == (round(2 * 2 + 0.5 * 3), 2)
+
+
+def test_a_light_task_never_vanishes_from_the_weighted_total(db: CurioDB) -> None:
+    db.post("PoRep")
+
+    assert by_task(sensor(db, tasks={"PoRep": 0.3}).demand())["all"].pending == 1
+
+    db.post("PoRep", 2)
+    assert by_task(sensor(db, tasks={"PoRep": 0.5}).demand())["all"].pending == 2  # 1.5 up
+    # float noise does not round up: 0.1 x 3 + 1.1 x 7 sums to 8.000000000000002
+    rows = [("PoRep", 3, 0, 0.0, 0), ("WdPost", 7, 0, 0.0, 0)]
+    assert summarize({"PoRep": 0.1, "WdPost": 1.1}, rows)[-1].pending == 8
 
 
 def test_default_tasks_are_the_gpu_proving_tasks_with_weight_one(db: CurioDB) -> None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
+from controller.lifecycle import Record
 from controller.model import Instance
-from controller.sensors.fleet import enrich, stage_of
+from controller.providers.vast import to_instance
+from controller.sensors.fleet import Link, RealFleet, enrich, stage_of
 
 
 @dataclass
@@ -46,19 +49,115 @@ def test_stages_come_from_vast_while_booting_and_from_the_agent_after() -> None:
 
 
 def test_a_serving_instance_with_a_dead_daemon_and_a_live_node() -> None:
-    [i] = enrich([vast("1")], {"fg-1": Rec("fg-1", "running", 33.0, "10.0.0.1:12300")},
-                 {"1": Check(False)}, [Node("10.0.0.1:12300", running_tasks=2)], 180)  # fmt: skip
+    links = {"1": Link(Rec("fg-1", "running", 33.0, "10.0.0.1:12300"),
+                       Node("10.0.0.1:12300", running_tasks=2), True)}  # fmt: skip
+    [i] = enrich([vast("1")], links, {"1": Check(False)}, 180)
     assert (i.stage, i.daemon, i.sidecar, i.tasks_running, i.bench_rate) == (
         "running", "down", "up", 2, 33.0)  # fmt: skip
 
 
-def test_unknown_health_stale_nodes_drain_and_container_labels() -> None:
-    records = {"C.2": Rec("C.2", "running", None, "n2"), "fg-3": Rec("fg-3", "running", None, "n3")}
-    nodes = [Node("n2", last_contact_age_s=500), Node("n3", unschedulable=True, stale=False)]
-    a, b = enrich([vast("2", label="x"), vast("3")], records, {"3": Check(True, 120.0)}, nodes,
-                  180)  # fmt: skip
+def test_unknown_health_stale_nodes_drain_and_unknown_nodes() -> None:
+    links = {"2": Link(Rec("C.2", "running", None, "n2"), Node("n2", last_contact_age_s=500), True),
+             "3": Link(Rec("fg-3", "running", None, "n3"), Node("n3", unschedulable=True), True),
+             "4": Link(Rec("fg-4", "running"), None, False),
+             "5": Link(Rec("fg-5", "running", None, "n5"), None, True),
+             "6": Link(Rec("fg-6", "registered"), None, False)}  # fmt: skip
+    a, b, c, d, e = enrich([vast(n) for n in "23456"], links, {"3": Check(True, 120.0)}, 180)
     assert (a.stage, a.daemon, a.sidecar) == ("running", "unknown", "down")
     assert (b.daemon, b.daemon_uptime_s, b.sidecar, b.drained) == ("up", 120.0, "up", True)
+    assert c.sidecar == "unknown"  # serving, and no Curio node was ever found for it
+    assert d.sidecar == "down"  # its node was known and Curio has dropped it
+    assert e.sidecar == "down"  # fetching parameters: Curio does not run yet
+
+
+# ---- RealFleet: ownership, linking, finding the Curio node -----------------------------------
+class Vast:
+    def __init__(self, raws: list[dict[str, Any]]) -> None:
+        self.raws = raws
+
+    def list_instances(self) -> list[Instance]:
+        self.last_raw = {str(r["id"]): r for r in self.raws}
+        return [to_instance(r) for r in self.raws]
+
+
+class Records:
+    def __init__(self, *recs: Record) -> None:
+        self.by_label = {r.label: r for r in recs}
+        self.links: list[tuple[str, dict[str, Any]]] = []
+
+    def records(self) -> dict[str, Record]:
+        return dict(self.by_label)
+
+    def record(self, label: str) -> Record | None:
+        return self.by_label.get(label)
+
+    def link(self, label: str, **fields: Any) -> None:
+        self.links.append((label, fields))
+        r = self.by_label[label]
+        self.by_label[label] = replace(r, **{k: v for k, v in fields.items() if v is not None})
+
+
+class Curio:
+    def __init__(self, *nodes: Node) -> None:
+        self.nodes = list(nodes)
+
+    def machines(self) -> list[Node]:
+        return self.nodes
+
+
+def raw(id: int, label: str, ip: str, status: str = "running") -> dict[str, Any]:
+    return {"id": id, "label": label, "machine_id": 7000 + id, "host_id": 1,
+            "actual_status": status, "dph_total": 0.5, "public_ipaddr": ip}  # fmt: skip
+
+
+def record(label: str, stage: str = "running", vast_id: str | None = None,
+           host_and_port: str | None = None) -> Record:  # fmt: skip
+    return Record(label, vast_id, None, host_and_port, stage, 0.0, None, 30.0, 0.0, None, None,
+                  None, None)  # fmt: skip
+
+
+def real_fleet(vast: Vast, records: Records, curio: Curio, launched: dict[str, str]) -> RealFleet:
+    return RealFleet(vast=vast, lifecycle=records, curio=curio,
+                     check_health=lambda instances: {i.id: Check(True, 60.0) for i in instances},
+                     clock=lambda: 1000.0, launched=lambda: launched)  # fmt: skip
+
+
+def test_only_instances_fleetgate_launched_are_its_own() -> None:
+    vast = Vast([raw(1, "fg-1-1-0-aa", "1.0.0.1"), raw(2, "", "1.0.0.2"),
+                 raw(3, "", "1.0.0.3"), raw(4, "jupyter", "1.0.0.4", "stopped")])  # fmt: skip
+    fleet = real_fleet(vast, Records(), Curio(), launched={"2": "fg-2-3-0-bb"})
+    own = fleet.list_instances()
+    assert [i.id for i in own] == ["1", "2"]  # by label prefix; by the id its launch rented
+    assert [(i.id, i.label, i.status) for i in fleet.foreign] == [
+        ("3", "", "running"), ("4", "jupyter", "stopped")]  # fmt: skip
+
+
+def test_the_controller_links_each_agent_to_its_instance_and_curio_node() -> None:
+    """The README's agent: its launch label, no vast id, no --host-and-port; vast shows an
+    empty label for one of them. Each is linked by label (or by the launch that rented it), and
+    its Curio node found at its public address; the operator's node it names is ignored."""
+    vast = Vast([raw(11, "fg-1-1-0-aa", "1.0.0.11"), raw(12, "", "1.0.0.12"),
+                 raw(13, "fg-1-1-2-cc", "1.0.0.13")])  # fmt: skip
+    records = Records(record("fg-1-1-0-aa"), record("fg-1-1-1-bb"),
+                      record("fg-1-1-2-cc", host_and_port="10.0.0.1:12300"))  # fmt: skip
+    curio = Curio(
+        Node("1.0.0.11:40011", running_tasks=2),
+        Node("1.0.0.12:40012"),
+        Node("1.0.0.13:40013", running_tasks=1),
+        Node("10.0.0.1:12300", running_tasks=5),
+    )
+    fleet = real_fleet(vast, records, curio, launched={"12": "fg-1-1-1-bb"})
+    a, b, c = fleet.list_instances()
+    assert (a.sidecar, a.tasks_running, a.stage) == ("up", 2, "running")
+    assert (b.sidecar, b.tasks_running, b.stage) == ("up", 0, "running")
+    assert (c.sidecar, c.tasks_running) == ("up", 1)  # not the operator's 5 tasks
+    assert records.links == [
+        ("fg-1-1-0-aa", {"vast_id": "11", "machine_id": "7011", "host_and_port": "1.0.0.11:40011"}),
+        ("fg-1-1-1-bb", {"vast_id": "12", "machine_id": "7012", "host_and_port": "1.0.0.12:40012"}),
+        ("fg-1-1-2-cc", {"vast_id": "13", "machine_id": "7013", "host_and_port": "1.0.0.13:40013"}),
+    ]
+    fleet.list_instances()
+    assert len(records.links) == 3  # nothing new learned: nothing written again
 
 
 def test_a_daemon_counts_as_down_only_after_failures_that_persist() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from sim_support import sim_fleet
 
 from controller.act import Actuator, Job
 from controller.journal import Journal
@@ -37,10 +38,13 @@ def test_a_host_that_was_ever_blocked_ranks_as_known_slow() -> None:
 
 
 def test_replacing_on_a_host_blocked_twice_before_blocks_it_for_four_days(tmp_path: Path) -> None:
+    """Through the production fleet path on the simulator's wire (vast's machine ids)."""
     sim = Simulation(SimConfig(machines=4, stuck_fraction=0.0), seed=1)
-    old = sim.provider.launch(LaunchRequest(label="old"))
-    machine = sim.world.get(old).machine_id
     journal = Journal(tmp_path / "j.db")
+    fleet, _, _ = sim_fleet(sim, journal)
+    old = fleet.launch(LaunchRequest(label="fg-old"))
+    [listed] = fleet.list_instances()
+    machine = listed.machine_id
     for n in range(2):  # two earlier blocks, both over
         journal.block_host(machine, 10.0 * n, "crash loop")
     now = sim.now()
@@ -56,13 +60,13 @@ def test_replacing_on_a_host_blocked_twice_before_blocks_it_for_four_days(tmp_pa
     )  # fmt: skip
     job = Job(Decision(proposal, "act", "test"), action_id, 1, hist, now,
               {old: {"machine_id": machine}})  # fmt: skip
-    outcome = Actuator(sim.provider, journal, Guards()).execute(job)
+    outcome = Actuator(fleet, journal, Guards()).execute(job)
 
     assert outcome.status == "ok" and outcome.result["blocked_host"] == machine
     [host] = [h for h in journal.hosts() if h["machine_id"] == machine]
     assert (host["failures"], host["blocked_until"]) == (3, pytest.approx(now + 4 * DAY))
-    new = sim.world.get(sim.provider.find_by_label(outcome.result["label"]).id)  # type: ignore[union-attr]
-    assert new.machine_id != machine
+    new = fleet.find_by_label(outcome.result["label"])
+    assert new is not None and new.machine_id != machine
 
 
 def test_a_host_back_from_its_block_is_rented_after_every_other_one() -> None:

@@ -4,6 +4,7 @@ are confirmed by their label; a failed or empty listing launches nothing."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from controller.app import decide_settings
 from controller.config import Config
@@ -63,12 +64,14 @@ class LateFleet:
         return [Demand("PoRep", self.pending, 0), Demand("all", self.pending, 0)]
 
 
-def controller(tmp_path: Path, fleet: LateFleet) -> tuple[Controller, Journal, list[float]]:
+def controller(tmp_path: Path, fleet: LateFleet, **guards: Any
+               ) -> tuple[Controller, Journal, list[float]]:  # fmt: skip
     journal = Journal(tmp_path / "j.db")
     clock = [10_000.0]
     esc = Escalator(journal, Notifier([], Renderer()), window_s=3600, deadline_s=1800)
+    config = Config.model_validate({"guards": guards})
     c = Controller(journal=journal, provider=fleet, demand=fleet,
-                   rules=RulesSource([ROOT / "rules"]), settings=decide_settings(Config()),
+                   rules=RulesSource([ROOT / "rules"]), settings=decide_settings(config),
                    escalator=esc, clock=lambda: clock[0])  # fmt: skip
     return c, journal, clock
 
@@ -107,7 +110,7 @@ def test_a_failed_listing_launches_nothing_and_escalates_once(tmp_path: Path) ->
 
 def test_launches_on_their_way_count_while_the_listing_is_down(tmp_path: Path) -> None:
     fleet = LateFleet(late=50)
-    c, _journal, clock = controller(tmp_path, fleet)
+    c, _journal, clock = controller(tmp_path, fleet, launch_unknown_s=3600)
     run(c, clock, 1)
     assert len(fleet.creates) == 1  # an unanswered create ends this tick's launching
     run(c, clock, 5)
@@ -137,3 +140,21 @@ def test_actions_a_crashed_run_left_unfinished_are_closed_and_decided_again(
     [row] = [r for r in journal.actions(1000) if r["id"] == done]  # not listed: it is gone
     assert row["status"] == "ok" and row["result"]["confirmed_by"] == "listing"
     assert journal.in_flight() == []
+
+
+def test_a_create_that_rented_nothing_stops_counting_once_good_listings_lack_it(
+    tmp_path: Path,
+) -> None:
+    """A 5xx create that rented nothing counts as capacity only for `launch_unknown_s` of good
+    listings; then it is lost and the tasks get an instance (before: 30 min of waiting)."""
+    fleet = LateFleet(late=10_000)  # never listed: nothing was rented
+    c, journal, clock = controller(tmp_path, fleet)  # launch_unknown_s: 300 by default
+    run(c, clock, 1)
+    assert len(fleet.creates) == 1
+    run(c, clock, 4)  # 240 s after the first create: all four still counted
+    assert len(fleet.creates) == 4
+    run(c, clock, 1)  # 300 s: the first is lost, one more launch for its share
+    assert len(fleet.creates) == 5
+    lost = [r for r in journal.actions(1000) if r["action"] == "launch" and r["status"] == "lost"]
+    assert [r["key"] for r in lost] == fleet.creates[:1]
+    assert "never listed in 300s" in lost[0]["result"]["note"]

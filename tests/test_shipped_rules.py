@@ -151,7 +151,7 @@ WRONG: list[Any] = [
             "name": "wrong param: the rendered count",
             "facts": [
                 {"kind": "demand", "pending": 5, "running": 2, "oldest_pending_s": 600.0},
-                {"kind": "fleet"},
+                {"kind": "fleet", "running_tasks": 2},
             ],
             "expect": {
                 "proposals": [

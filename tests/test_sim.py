@@ -1,4 +1,4 @@
-"""The simulator, through its public seams: Simulation, SimProvider, load_trace."""
+"""The simulator, through its public seams: Simulation, its world (WorldView), load_trace."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 
 import pydantic
 import pytest
+from sim_support import WorldView
 from support import NO_FAULTS
 
 from controller.model import STAGES, Demand, Instance
@@ -35,11 +36,11 @@ def make_sim(seed: int = 1, **overrides: Any) -> Simulation:
 
 
 def launch(sim: Simulation, label: str, **kwargs: Any) -> str:
-    return sim.provider.launch(LaunchRequest(label=label, **kwargs))
+    return WorldView(sim).launch(LaunchRequest(label=label, **kwargs))
 
 
 def get(sim: Simulation, instance_id: str) -> Instance:
-    found = [i for i in sim.provider.list_instances() if i.id == instance_id]
+    found = [i for i in WorldView(sim).list_instances() if i.id == instance_id]
     assert len(found) == 1, f"instance {instance_id} not listed"
     return found[0]
 
@@ -54,7 +55,7 @@ def run_until(sim: Simulation, done: Callable[[], bool], limit_s: float, step: f
 
 
 def total(sim: Simulation) -> Demand:
-    rows = sim.provider.demand()
+    rows = WorldView(sim).demand()
     assert rows[-1].task == "all"
     return rows[-1]
 
@@ -87,8 +88,8 @@ def scenario(seed: int) -> Simulation:
     sim = Simulation(SimConfig(), seed=seed)
     ids = [launch(sim, f"run-{n}") for n in range(4)]
     sim.advance(4 * 3600)
-    sim.provider.restart_daemon(ids[0])
-    sim.provider.destroy(ids[1])
+    WorldView(sim).restart_daemon(ids[0])
+    WorldView(sim).destroy(ids[1])
     sim.advance(2 * 3600 + 5)
     return sim
 
@@ -107,12 +108,12 @@ def test_json_round_trip_continues_identically() -> None:
     for sim in (original, copy):
         launch(sim, "after-restore")
         sim.advance(3 * 3600 + 7)
-        sim.provider.restart_daemon("10001")
+        WorldView(sim).restart_daemon("10001")
         sim.advance(1800)
     assert copy.to_json() == original.to_json()
     assert copy.stats == original.stats
-    assert copy.provider.list_instances() == original.provider.list_instances()
-    assert copy.provider.demand() == original.provider.demand()
+    assert WorldView(copy).list_instances() == WorldView(original).list_instances()
+    assert WorldView(copy).demand() == WorldView(original).demand()
     assert original.stats["tasks_completed"] > 0
 
 
@@ -157,9 +158,9 @@ def test_stuck_instance_stays_stuck() -> None:
     sim = make_sim(stuck_fraction=1.0)
     ids = [launch(sim, f"stuck-{n}") for n in range(6)]
     sim.advance(4 * 3600)
-    before = {i.id: (i.status, i.stage) for i in sim.provider.list_instances()}
+    before = {i.id: (i.status, i.stage) for i in WorldView(sim).list_instances()}
     sim.advance(20 * 3600)
-    after = {i.id: (i.status, i.stage) for i in sim.provider.list_instances()}
+    after = {i.id: (i.status, i.stage) for i in WorldView(sim).list_instances()}
     assert before == after
     assert sorted(after) == ids
     for status, stage in after.values():
@@ -175,7 +176,7 @@ def test_silent_daemon_death_then_restart_after_delay() -> None:
     dead = get(sim, iid)
     assert (dead.status, dead.stage, dead.sidecar) == ("running", "running", "up")
     assert dead.daemon_uptime_s is None
-    sim.provider.restart_daemon(iid)
+    WorldView(sim).restart_daemon(iid)
     sim.advance(19)
     assert get(sim, iid).daemon == "down"
     sim.advance(1)
@@ -192,7 +193,7 @@ def test_crash_loop_host_keeps_killing_the_daemon() -> None:
     for _ in range(4):
         run_until(sim, lambda: get(sim, iid).daemon == "down", limit_s=420, step=1)
         assert get(sim, iid).status == "running"
-        sim.provider.restart_daemon(iid)
+        WorldView(sim).restart_daemon(iid)
         sim.advance(20)
         assert get(sim, iid).daemon == "up"
         assert get(sim, iid).daemon_uptime_s == 0.0
@@ -202,7 +203,7 @@ def test_frozen_status_appears_and_stays() -> None:
     sim = make_sim(frozen_per_h=20.0)
     ids = [launch(sim, f"f{n}") for n in range(3)]
     sim.advance(3 * 3600)
-    frozen = [i for i in sim.provider.list_instances() if i.status == "frozen"]
+    frozen = [i for i in WorldView(sim).list_instances() if i.status == "frozen"]
     assert frozen, "no instance froze"
     inst = frozen[0]
     assert (inst.daemon, inst.sidecar) == ("unknown", "unknown")
@@ -210,7 +211,7 @@ def test_frozen_status_appears_and_stays() -> None:
     sim.advance(24 * 3600)
     assert get(sim, inst.id).status == "frozen"
     with pytest.raises(PermanentProviderError, match="frozen"):
-        sim.provider.reboot(inst.id)
+        WorldView(sim).reboot(inst.id)
     assert inst.id in ids
 
 
@@ -219,7 +220,7 @@ def test_reboot_keeps_stage_and_restarts_daemon() -> None:
     iid = launch(sim, "reboot")
     run_until(sim, lambda: get(sim, iid).tasks_running == 2, limit_s=600)
     sim.advance(100)
-    sim.provider.reboot(iid)
+    WorldView(sim).reboot(iid)
     rebooting = get(sim, iid)
     assert (rebooting.status, rebooting.daemon, rebooting.sidecar) == ("rebooting", "down", "down")
     assert rebooting.tasks_running == 0
@@ -238,13 +239,13 @@ def test_reboot_keeps_stage_and_restarts_daemon() -> None:
 def test_restart_daemon_is_a_noop_before_running() -> None:
     sim = make_sim()
     iid = launch(sim, "early")
-    sim.provider.restart_daemon(iid)
-    sim.provider.reboot(iid)
+    WorldView(sim).restart_daemon(iid)
+    WorldView(sim).reboot(iid)
     assert get(sim, iid).status == "provisioning"
 
 
 def test_unknown_instance_is_a_permanent_error() -> None:
-    provider = make_sim().provider
+    provider = WorldView(make_sim())
     for act in (provider.destroy, provider.reboot, provider.restart_daemon, provider.drain):
         with pytest.raises(PermanentProviderError, match="no instance '42'"):
             act("42")
@@ -258,29 +259,29 @@ def test_destroy_removes_instance_and_stops_billing() -> None:
     keep, gone = launch(sim, "keep"), launch(sim, "gone")
     sim.advance(3600)
     spend = sim.stats["spend_usd"]
-    dph = {i.id: i.dph for i in sim.provider.list_instances()}
+    dph = {i.id: i.dph for i in WorldView(sim).list_instances()}
     assert spend == pytest.approx(dph[keep] + dph[gone])
-    sim.provider.destroy(gone)
-    assert [i.id for i in sim.provider.list_instances()] == [keep]
-    assert sim.provider.find_by_label("gone") is None
-    assert sim.provider.find_by_label("keep") is not None
+    WorldView(sim).destroy(gone)
+    assert [i.id for i in WorldView(sim).list_instances()] == [keep]
+    assert WorldView(sim).find_by_label("gone") is None
+    assert WorldView(sim).find_by_label("keep") is not None
     sim.advance(3600)
     assert sim.stats["spend_usd"] == pytest.approx(spend + dph[keep])
-    sim.provider.destroy(keep)
+    WorldView(sim).destroy(keep)
     final = sim.stats
     sim.advance(3600)
     assert sim.stats["spend_usd"] == final["spend_usd"]
     assert final["gpu_hours"] == pytest.approx(3.0)
     assert (final["instances_launched"], final["instances_destroyed"]) == (2, 2)
     with pytest.raises(PermanentProviderError):
-        sim.provider.destroy(gone)
+        WorldView(sim).destroy(gone)
 
 
 def test_destroy_releases_tasks_at_once() -> None:
     sim = make_sim(busy_rate_per_h=3600.0, **FAST_BOOT)
     iid = launch(sim, "owner")
     run_until(sim, lambda: get(sim, iid).tasks_running == 2, limit_s=600)
-    sim.provider.destroy(iid)
+    WorldView(sim).destroy(iid)
     row = total(sim)
     assert (row.running, row.max_retries) == (0, 1)
 
@@ -290,7 +291,7 @@ def test_drain_stops_claiming() -> None:
     iid = launch(sim, "drain")
     sim.advance(900)
     assert sim.stats["tasks_completed"] > 0
-    sim.provider.drain(iid)
+    WorldView(sim).drain(iid)
     sim.advance(300)  # tasks in hand finish (60 s x 30 / rate >= 25 -> < 80 s)
     assert get(sim, iid).tasks_running == 0 and get(sim, iid).drained
     completed = sim.stats["tasks_completed"]
@@ -342,7 +343,7 @@ def test_demand_counts_per_name_and_total() -> None:
     assert backlog.running == 0 and backlog.pending > 2
     iid = launch(sim, "d")
     run_until(sim, lambda: get(sim, iid).tasks_running == 2, limit_s=600)
-    rows = sim.provider.demand()
+    rows = WorldView(sim).demand()
     # oldest first: the two oldest were claimed, so the oldest pending one is younger
     assert rows[-1].oldest_pending_s < backlog.oldest_pending_s + (sim.now() - since)
     names = [r.task for r in rows]
@@ -359,7 +360,7 @@ def test_demand_counts_per_name_and_total() -> None:
 def test_demand_of_an_empty_queue_is_only_the_total() -> None:
     sim = make_sim(busy_rate_per_h=0.0)
     sim.advance(3600)
-    assert sim.provider.demand() == [Demand(task="all", pending=0, running=0)]
+    assert WorldView(sim).demand() == [Demand(task="all", pending=0, running=0)]
 
 
 # --- the offer market
@@ -370,12 +371,12 @@ def test_launch_excludes_machines_and_fails_when_none_left() -> None:
     exclude = frozenset({"m000"})
     first = launch(sim, "a", exclude_machines=exclude)
     second = launch(sim, "b", exclude_machines=exclude)
-    machines = {i.machine_id for i in sim.provider.list_instances()}
+    machines = {i.machine_id for i in WorldView(sim).list_instances()}
     assert machines == {"m001", "m002"}
     with pytest.raises(PermanentProviderError, match="no offer matches"):
         launch(sim, "c", exclude_machines=exclude)
     assert (first, second) == ("10001", "10002")
-    sim.provider.destroy(first)  # its machine is rentable again
+    WorldView(sim).destroy(first)  # its machine is rentable again
     launch(sim, "d", exclude_machines=exclude)
 
 
@@ -385,7 +386,7 @@ def test_launch_prefers_known_fast_hosts_then_cheapest() -> None:
     assert get(sim, "10001").machine_id == "m004"
     for n in range(4):
         launch(sim, f"rest-{n}", prefer_rates=(("m002", 10.0),))
-    rest = sim.provider.list_instances()[1:]
+    rest = WorldView(sim).list_instances()[1:]
     assert [i.dph for i in rest] == sorted(i.dph for i in rest)
     assert "m002" not in {i.machine_id for i in rest}  # known slow goes last
     launch(sim, "last", prefer_rates=(("m002", 10.0),))
@@ -397,7 +398,7 @@ def test_launch_respects_max_dph() -> None:
     with pytest.raises(PermanentProviderError, match="max_dph 0.1"):
         launch(sim, "cheap", max_dph=0.1)
     launch(sim, "ok", max_dph=0.5)
-    assert sim.provider.list_instances()[0].dph <= 0.5
+    assert WorldView(sim).list_instances()[0].dph <= 0.5
 
 
 # --- the trace
@@ -446,7 +447,7 @@ def test_fleet_wide_odd_status_freezes_running_instances_now_and_then() -> None:
     sim.advance(600)
     assert all(get(sim, i).status == "running" for i in ids)
     sim.advance(4 * 3600)
-    frozen = [i for i in sim.provider.list_instances() if i.status == "frozen"]
+    frozen = [i for i in WorldView(sim).list_instances() if i.status == "frozen"]
     assert frozen, "no instance froze in 4 h at 2 freezes/h"
     assert all(i.daemon == "unknown" and i.sidecar == "unknown" for i in frozen)
     assert make_sim(**FAST_BOOT).config.odd_status_per_h == 0.0  # off in the quiet baseline

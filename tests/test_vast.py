@@ -308,6 +308,70 @@ def test_no_offer_matching_the_filter_is_permanent(fake: FakeVast, rig: MakeRig)
     assert not fake.of("create")
 
 
+def test_launches_of_one_tick_share_one_offer_search(fake: FakeVast, rig: MakeRig) -> None:
+    fake.offers.update({n: offer(n, dph=0.30 + n / 100) for n in range(1, 7)})
+    r = rig()
+    ids = [r.provider.launch(LaunchRequest(label=f"fg-c{n}")) for n in range(4)]
+    assert len(fake.of("search")) == 1
+    assert [c.path for c in fake.of("create")] == [f"/api/v0/asks/{n}/" for n in (1, 2, 3, 4)]
+    assert len(set(ids)) == 4 and fake.creates_by_label == {f"fg-c{n}": 1 for n in range(4)}
+    assert fake.of("search")[0] and r.time.now < 1030.0  # searched at 1000 on the fake clock
+    r.time.now = 1029.9  # offer_cache_s (30) has not quite passed on the client's clock
+    r.provider.launch(LaunchRequest(label="fg-c4"))
+    assert len(fake.of("search")) == 1 and fake.of("create")[-1].path == "/api/v0/asks/5/"
+    r.time.now = 1030.0  # now it has
+    r.provider.launch(LaunchRequest(label="fg-c5"))
+    assert len(fake.of("search")) == 2 and fake.of("create")[-1].path == "/api/v0/asks/6/"
+
+
+def test_a_different_search_is_not_served_from_the_cache(fake: FakeVast, rig: MakeRig) -> None:
+    fake.offers.update({n: offer(n, dph=0.30 + n / 100) for n in range(1, 8)})
+    r = rig()
+    r.provider.launch(LaunchRequest(label="fg-a"))
+    r.provider.launch(LaunchRequest(label="fg-b", exclude_machines=frozenset({"20"})))
+    r.provider.launch(LaunchRequest(label="fg-c", prefer_rates=(("50", 40.0),)))
+    r.provider.launch(LaunchRequest(label="fg-d", max_dph=0.5))
+    assert len(fake.of("search")) == 4
+    assert [c.path for c in fake.of("create")] == [f"/api/v0/asks/{n}/" for n in (1, 3, 5, 2)]
+    r.provider.launch(LaunchRequest(label="fg-e"))  # the first search's offers, less those used
+    assert len(fake.of("search")) == 4 and fake.of("create")[-1].path == "/api/v0/asks/4/"
+    uncached = rig(offer_cache_s=0.0)
+    uncached.provider.launch(LaunchRequest(label="fg-f"))
+    uncached.provider.launch(LaunchRequest(label="fg-g"))
+    assert len(fake.of("search")) == 6
+
+
+def test_a_gone_offer_is_skipped_by_the_next_launch_without_a_new_search(
+    fake: FakeVast, rig: MakeRig
+) -> None:
+    fake.offers.update({n: offer(n, dph=0.30 + n / 100) for n in range(1, 5)})
+    r = rig()
+    r.provider.launch(LaunchRequest(label="fg-1"))
+    fake.vanish(2)  # taken by somebody else after the search
+    r.provider.launch(LaunchRequest(label="fg-2"))  # 2 is gone: 3
+    r.provider.launch(LaunchRequest(label="fg-3"))  # straight to 4, 2 is not tried again
+    assert [c.path for c in fake.of("create")] == [f"/api/v0/asks/{n}/" for n in (1, 2, 3, 4)]
+    assert len(fake.of("search")) == 1
+    with pytest.raises(TemporaryProviderError, match=r"offers \[2\] were all taken"):
+        r.provider.launch(LaunchRequest(label="fg-4"))  # used up: a new search finds only 2
+    assert len(fake.of("search")) == 2
+
+
+def test_an_offer_whose_create_was_refused_stays_and_an_unknown_one_goes(
+    fake: FakeVast, rig: MakeRig
+) -> None:
+    fake.offers.update({n: offer(n, dph=0.30 + n / 100) for n in range(1, 4)})
+    fake.script("create", RateLimited(), Lost(Status(500)))
+    r = rig()
+    with pytest.raises(TemporaryProviderError, match="not created"):
+        r.provider.launch(LaunchRequest(label="fg-429"))
+    with pytest.raises(CreateOutcomeUnknown):
+        r.provider.launch(LaunchRequest(label="fg-lost"))  # offer 1 again: it was not rented
+    r.provider.launch(LaunchRequest(label="fg-next"))  # 1 may be rented: never tried again
+    assert [c.path for c in fake.of("create")] == [f"/api/v0/asks/{n}/" for n in (1, 1, 2)]
+    assert len(fake.of("search")) == 1
+
+
 @pytest.mark.parametrize("lost", [Status(500), Close()], ids=["500", "connection-closed"])
 def test_a_create_whose_answer_is_lost_is_unknown_and_its_label_is_found_late(
     fake: FakeVast, rig: MakeRig, lost: Status | Close
@@ -481,9 +545,61 @@ def test_an_empty_listing_is_an_error_when_instances_are_expected(
 def test_a_malformed_listing_is_a_sensor_error(
     fake: FakeVast, rig: MakeRig, reply: Malformed | Status
 ) -> None:
-    fake.script("list", reply)
+    fake.script("list", *[reply] * 4)  # every attempt: a reply that is not JSON is retried
     with pytest.raises(SensorError):
         rig().provider.list_instances()
+
+
+def test_a_truncated_listing_page_is_retried_like_a_5xx(
+    fake: FakeVast, rig: MakeRig, caplog: pytest.LogCaptureFixture
+) -> None:
+    ids = [fake.add_instance(label=f"fg-{n}") for n in range(30)]
+    fake.script("list", Delay(0.0), Malformed())  # page 1 as usual, page 2 cut short once
+    r = rig(min_interval_s={"list": 0.0})  # only the backoff sleeps
+    with caplog.at_level(logging.WARNING):
+        rows = r.client.list_instances(expect_nonempty=True)
+    assert [row["id"] for row in rows] == sorted(ids)
+    pages = [p.query.get("after_token") for p in fake.of("list")]
+    assert len(pages) == 3 and pages[0] is None and pages[1] == pages[2]  # page 2 again
+    assert r.time.sleeps == [1.0]
+    assert "vast instance list page 2: HTTP 200 but the reply is not JSON" in caplog.text
+    assert KEY not in caplog.text
+
+
+def test_truncated_replies_share_the_5xx_retry_budget(fake: FakeVast, rig: MakeRig) -> None:
+    fake.add_instance()
+    fake.script("list", Status(503), Malformed(), Status(502), Malformed())
+    r = rig()
+    with pytest.raises(SensorError, match=r"not JSON \(after 4 attempts\)"):
+        r.provider.list_instances()
+    assert len(fake.of("list")) == 4 and r.time.sleeps == [1.0, 2.0, 4.0]
+
+
+def test_truncated_show_and_search_replies_are_retried(fake: FakeVast, rig: MakeRig) -> None:
+    iid = fake.add_instance(label="shown")
+    fake.offers[1] = offer(1)
+    fake.script("show", Malformed('{"instances": {"id": '))
+    fake.script("search", Malformed('{"offers": [{"id": 1'), Status(200, ""))
+    r = rig()
+    shown = r.client.show(str(iid))
+    assert shown is not None and shown["label"] == "shown" and len(fake.of("show")) == 2
+    assert [o["id"] for o in r.client.search_offers({})] == [1]
+    assert len(fake.of("search")) == 3
+
+
+def test_truncated_replies_to_creates_and_mutations_are_never_resent(
+    fake: FakeVast, rig: MakeRig
+) -> None:
+    iid = fake.add_instance()
+    fake.offers[1] = offer(1)
+    fake.script("create", Lost(Status(200, '{"success": true, "new_con')))
+    fake.script("reboot", Malformed('{"succ'))
+    r = rig()
+    with pytest.raises(CreateOutcomeUnknown, match="not JSON"):
+        r.client.create(1, "fg-cut")
+    assert len(fake.of("create")) == 1 and fake.creates_by_label == {"fg-cut": 1}
+    r.client.reboot(str(iid))  # a 2xx is vast's yes: taken as done, not sent twice
+    assert len(fake.of("reboot")) == 1 and r.time.sleeps == []
 
 
 def test_a_cursor_that_goes_round_in_circles_is_a_sensor_error(
@@ -493,6 +609,20 @@ def test_a_cursor_that_goes_round_in_circles_is_a_sensor_error(
     fake.script("list", Status(200, page), Status(200, page))
     with pytest.raises(SensorError, match="repeats an earlier next_token"):
         rig().client.list_instances()
+
+
+def test_an_empty_listing_that_vast_says_is_not_empty_is_a_sensor_error(
+    fake: FakeVast, rig: MakeRig
+) -> None:
+    fake.script("list", Status(200, '{"instances": [], "total_instances": 2}'))
+    r = rig()
+    with pytest.raises(SensorError, match="listed no instances while total_instances=2"):
+        r.provider.list_instances(expect_nonempty=False)
+    assert len(fake.of("list")) == 1  # readable JSON: not retried
+    fake.script("list", Status(410, "Gone", "text/plain"))
+    with pytest.raises(SensorError, match="410 Gone"):
+        r.provider.list_instances(expect_nonempty=False)
+    assert r.provider.list_instances(expect_nonempty=False) == []  # vast agrees: none
 
 
 def test_a_refused_key_is_permanent_and_never_shown(fake: FakeVast, rig: MakeRig) -> None:
@@ -546,7 +676,7 @@ def test_the_key_is_in_no_exception_message_or_log_record(
     fake.offers.update({1: offer(1), 2: offer(2)})
     fake.add_instance()
     echo = json.dumps({"success": False, "error": "invalid_args", "msg": f"bad key {KEY}"})
-    fake.script("list", RateLimited(), Status(503), Malformed())
+    fake.script("list", RateLimited(), Status(503), Malformed(), Malformed())
     fake.script("search", Status(400, echo))
     fake.script("create", Lost(Close()))
     fake.script("destroy", Status(500, echo))
@@ -629,6 +759,34 @@ def test_show_returns_the_instance_or_none(fake: FakeVast, rig: MakeRig) -> None
     assert c.show("999999") is None
     with pytest.raises(PermanentProviderError, match="ids are numbers"):
         c.show("../users")
+
+
+def test_confirm_gone_takes_only_vasts_word_that_an_instance_is_gone(
+    fake: FakeVast, rig: MakeRig
+) -> None:
+    destroyed, kept, failing = (fake.add_instance(label=n) for n in ("d", "k", "f"))
+    fake.offers[1] = offer(1)
+    fake.late_creates, fake.late_shows = 3, False
+    r = rig()
+    late = int(r.provider.launch(LaunchRequest(label="fg-late")))  # not listed yet; show sees it
+    assert late not in {int(i.id) for i in r.provider.list_instances()}
+    r.provider.destroy(str(destroyed))
+    fake.script("show", Status(404, "{}"))  # the first show: vast does not know 424242
+    fake.script("show", Delay(0.0), Delay(0.0), *[Status(503)] * 4)  # then `failing`: 503s
+    ids = ["424242", str(destroyed), str(kept), str(failing), str(late)]
+    assert r.provider.confirm_gone(ids) == {"424242", str(destroyed)}
+    shows = [s.path.split("/")[-2] for s in fake.of("show")]
+    assert shows == ids[:3] + [str(failing)] * 4 + [str(late)]  # 503 retried as a read
+    assert {failing, kept, late} <= set(fake.instances)
+
+
+def test_confirm_gone_shows_at_most_limit_instances(fake: FakeVast, rig: MakeRig) -> None:
+    r = rig()
+    ids = [str(900 + n) for n in range(6)]
+    assert r.provider.confirm_gone(ids + ids[:2], limit=3) == set(ids[:3])
+    assert [s.path for s in fake.of("show")] == [f"/api/v0/instances/{i}/" for i in ids[:3]]
+    assert r.provider.confirm_gone(iter(ids), limit=0) == set() and len(fake.of("show")) == 3
+    assert r.provider.confirm_gone(["x1"]) == set()  # not a vast id: never confirmed
 
 
 def test_restart_daemon_and_drain_are_not_vasts_to_do(fake: FakeVast, rig: MakeRig) -> None:

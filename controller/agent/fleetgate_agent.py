@@ -89,6 +89,7 @@ class Config:
     supervisorctl: tuple[str, ...]
     program: str
     timeout_s: float
+    container_label: str = ""  # vast's VAST_CONTAINERLABEL, `C.<instance id>`
 
 
 def load_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Config:
@@ -111,7 +112,9 @@ def load_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Config:
     ctl = tuple(shlex.split(args.supervisorctl))
     if not ctl:
         raise ConfigError("--supervisorctl is empty")
-    return Config(url, token, label, ctl, args.program, args.timeout)
+    return Config(
+        url, token, label, ctl, args.program, args.timeout, environ.get("VAST_CONTAINERLABEL", "")
+    )
 
 
 # ---- the controller ------------------------------------------------------------------------
@@ -394,7 +397,9 @@ def run(args: argparse.Namespace, config: Config, stop: threading.Event) -> int:
     client = Client(config)
     attempts = 1 if args.once else args.retries
     if args.cmd == "register":
-        vast_id = args.vast_id or _vast_id(config.label)
+        # vast sets VAST_CONTAINERLABEL (C.<id>) in every container; the launch label wins as
+        # the name, the container label still tells the id (the controller links it too)
+        vast_id = args.vast_id or _vast_id(config.label) or _vast_id(config.container_label)
         body = {"label": config.label, "vast_id": vast_id, "min_rate": args.min_rate,
                 "host_and_port": args.host_and_port, "agent_version": VERSION}  # fmt: skip
         with_retries(lambda: client.post("/v1/instances/register", body), attempts, stop)

@@ -12,18 +12,32 @@ seam). Launching:
    at once and no other offer is tried: the first may exist and bill. The caller finds it by
    its label (`find_by_label`) before launching again.
 
+The offer cache: vast allows about one search per 6 s, so the ranked offers of a search are kept
+for `offer_cache_s` seconds (0: never) and the next launches with the same search body,
+exclusions, price cap and measured rates take them instead of searching again (one search per
+tick, however many launches). An offer is dropped from the cache once a create used it (it
+succeeded, or its outcome is unknown) or found it gone; a create refused without renting (429,
+a refusal) leaves it. A cache that has expired or has no offers left searches again.
+
+`confirm_gone` shows instances one by one: those vast answers as gone (`{"instances": null}` or
+404) are confirmed; one whose show fails or that vast still shows is not.
+
 Listing maps vast's fields only: `stage` is "provisioning" while vast boots the container and
 "registered" after, a placeholder that the controller overlays with its lifecycle records, and
 `daemon`/`sidecar` are "unknown" until the controller's health checks fill them in.
 
-This module must NOT send HTTP itself, sleep, or read the clock: the client does all of that.
+This module must NOT send HTTP itself, sleep, or read the clock: the client does all of that
+(the offer cache reads the time only through the client's injected `VastClient.clock`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from itertools import islice
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
@@ -32,6 +46,7 @@ from controller.model import Instance
 from controller.providers.base import (
     LaunchRequest,
     PermanentProviderError,
+    ProviderError,
     SensorError,
     TemporaryProviderError,
 )
@@ -80,6 +95,12 @@ class VastSettings(BaseModel):
     bid_price: float | None = Field(None, gt=0, description="$/hour; required for offer_type bid")
     search_limit: int = Field(64, ge=1, le=1000, description="offers asked for per search")
     max_offers_tried: int = Field(5, ge=1, description="creates per launch on gone offers")
+    offer_cache_s: float = Field(
+        30.0,
+        ge=0,
+        description="seconds the ranked offers of a search serve the next launches with the same"
+        " search (vast allows ~1 search per 6 s); offers used or gone are dropped; 0: no cache",
+    )
     # -- which offers qualify
     min_cpu_ram_gb: float = Field(240.0, ge=0)
     min_disk_gb: float = Field(250.0, ge=0)
@@ -135,6 +156,14 @@ class VastSettings(BaseModel):
         return self
 
 
+@dataclass
+class _CachedOffers:
+    """The ranked offers of one search, best first, usable until `until` (the client's clock)."""
+
+    offers: list[dict[str, Any]]
+    until: float
+
+
 class VastProvider:
     """`base.Provider` on vast.ai. `expect_nonempty` says whether instances are believed to exist
     (the journal knows); an empty listing is then an error, never "zero instances"."""
@@ -150,6 +179,7 @@ class VastProvider:
         self._settings = settings
         self._expect_nonempty = expect_nonempty
         self.last_raw: dict[str, dict[str, Any]] = {}
+        self._offer_cache: dict[str, _CachedOffers] = {}  # by _cache_key
 
     def list_instances(self, expect_nonempty: bool | None = None) -> list[Instance]:
         """Every instance, by id. SensorError when the listing is in any doubt."""
@@ -161,29 +191,79 @@ class VastProvider:
     def launch(self, request: LaunchRequest) -> str:
         """Rent one instance labelled `request.label` (see the module docstring); its id."""
         s = self._settings
-        cap = _price_cap(s, request)
-        found = self._client.search_offers(offer_query(s, request))
-        offers = rank_offers(found, request, cap)
-        if not offers:
-            raise PermanentProviderError(
-                f"no offer matches the filter for label {request.label!r}: {len(found)} found,"
-                f" {len(request.exclude_machines)} machines excluded, max_dph {cap!r}"
-            )
         price = s.bid_price if s.offer_type == "bid" else None
         gone: list[int] = []
-        for offer in offers[: s.max_offers_tried]:
+        for offer in self._offers_for(request)[: s.max_offers_tried]:
             offer_id = int(offer["id"])
             log.info("vast: launch %r on offer %r (machine %r, $%s/h)", request.label, offer_id,
                      offer.get("machine_id"), offer.get("dph_total"))  # fmt: skip
+            used = True  # rented, taken by somebody else, or perhaps rented: not to be tried again
             try:
                 return self._client.create(offer_id, request.label, price=price)
             except OfferGone:
                 gone.append(offer_id)
                 log.info("vast: offer %r was taken; trying the next for %r", offer_id,
                          request.label)  # fmt: skip
+            except ProviderError as exc:
+                used = isinstance(exc, CreateOutcomeUnknown)
+                raise
+            finally:
+                if used:
+                    self._forget_offer(offer_id)
         raise TemporaryProviderError(
             f"label {request.label!r} not created: offers {gone!r} were all taken meanwhile"
         )
+
+    def _offers_for(self, request: LaunchRequest) -> list[dict[str, Any]]:
+        """The ranked offers for `request`: the cached ones of an earlier search, or a new one."""
+        s = self._settings
+        cap = _price_cap(s, request)
+        query = offer_query(s, request)
+        key = _cache_key(query, request, cap)
+        now = self._client.clock()
+        self._offer_cache = {
+            k: c for k, c in self._offer_cache.items() if c.offers and now < c.until
+        }
+        cached = self._offer_cache.get(key)
+        if cached is not None:
+            log.debug("vast: launch %r takes %d cached offers (no new search)", request.label,
+                      len(cached.offers))  # fmt: skip
+            return list(cached.offers)
+        found = self._client.search_offers(query)
+        offers = rank_offers(found, request, cap)
+        if not offers:
+            raise PermanentProviderError(
+                f"no offer matches the filter for label {request.label!r}: {len(found)} found,"
+                f" {len(request.exclude_machines)} machines excluded, max_dph {cap!r}"
+            )
+        if s.offer_cache_s > 0:
+            until = self._client.clock() + s.offer_cache_s
+            self._offer_cache[key] = _CachedOffers(list(offers), until)
+        return offers
+
+    def _forget_offer(self, offer_id: int) -> None:
+        """Drop `offer_id` from every cached search: it is rented or gone."""
+        for cached in self._offer_cache.values():
+            cached.offers = [o for o in cached.offers if int(o["id"]) != offer_id]
+
+    def confirm_gone(self, instance_ids: Iterable[str], limit: int = 10) -> set[str]:
+        """Those of the first `limit` (distinct) `instance_ids` that vast's show answers as gone.
+
+        Gone is `{"instances": null}` or 404. An id whose show fails (an error, a timeout) or that
+        vast still shows is not in the result: only vast's own word confirms a disappearance."""
+        distinct = dict.fromkeys(str(i) for i in instance_ids)
+        gone: set[str] = set()
+        for iid in islice(distinct, max(limit, 0)):
+            try:
+                shown = self._client.show(iid)
+            except ProviderError as exc:
+                log.warning("vast: instance %r not confirmed gone: %s", iid, exc)
+                continue
+            if shown is None:
+                gone.add(iid)
+            else:
+                log.info("vast: instance %r still exists (%r)", iid, shown.get("actual_status"))
+        return gone
 
     def find_by_label(self, label: str) -> Instance | None:
         """The instance labelled `label` (the lowest id if several), or None.
@@ -283,6 +363,13 @@ def to_instance(raw: Mapping[str, Any]) -> Instance:
         status_msg=_text(raw, "status_msg").strip(),
         start_date=_number(start),
     )
+
+
+def _cache_key(query: Mapping[str, Any], request: LaunchRequest, cap: float) -> str:
+    """Everything that changes a search or its ranking: the body, exclusions, cap and rates."""
+    rates = sorted(dict(request.prefer_rates).items())
+    parts = [dict(query), sorted(request.exclude_machines), cap, rates]
+    return json.dumps(parts, sort_keys=True, default=str)
 
 
 def _price_cap(settings: VastSettings, request: LaunchRequest) -> float:

@@ -11,10 +11,16 @@ limits each endpoint to one call per interval and answers 429 otherwise). Then, 
 attempts = 1 + `retries` and waits of backoff_s, 2*backoff_s, 4*backoff_s, ...:
 
     policy   calls                                 retried on
-    read     list, show, search                    429, 5xx, timeouts, connection errors
+    read     list, show, search                    429, 5xx, timeouts, connection errors, and
+                                                   a 2xx whose body is not JSON (cut short)
     mutate   destroy, reboot, set_state, set_label 429 (vast refuses before acting) and
-                                                   connection errors before the request left
-    create   create                                never: the request may have reached vast
+                                                   connection errors before the request left;
+                                                   a 2xx with a non-JSON body is taken as done
+    create   create                                never: the request may have reached vast;
+                                                   a 2xx that is not JSON is CreateOutcomeUnknown
+
+A retried read logs a warning naming the call and why (never the key). A read whose last
+attempt is still not JSON is a TemporaryProviderError (a SensorError for the listing).
 
 Errors (messages are built from ids with !r and never hold the API key):
 
@@ -111,6 +117,11 @@ class VastClient:
         self._sleep = sleep
         self._next_slot: dict[str, float] = {}
         self._lock = threading.Lock()
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The injected clock this client paces by; the provider times its offer cache by it."""
+        return self._clock
 
     @property
     def _key(self) -> str:
@@ -288,7 +299,10 @@ class VastClient:
         try:
             data = response.json()
         except ValueError:
-            raise TemporaryProviderError(f"{what}: HTTP {code} but the reply is not JSON") from None
+            attempts = 1 + self.settings.retries  # reads retry an unreadable reply (_retry_reason)
+            raise TemporaryProviderError(
+                f"{what}: HTTP {code} but the reply is not JSON (after {attempts} attempts)"
+            ) from None
         if isinstance(data, dict) and data.get("success") is False:
             says = _fields_text(_error_fields(response, self._key))
             raise PermanentProviderError(f"{what}: vast refused{says}")
@@ -330,11 +344,10 @@ class VastClient:
                 if not retry or attempt == attempts - 1:
                     raise _Unreached(problem, sent) from None
             else:
-                code = response.status_code
-                retry = code == 429 if policy == "mutate" else code == 429 or code >= 500
-                if policy == "create" or not retry or attempt == attempts - 1:
+                why = _retry_reason(response, policy)
+                if why is None or attempt == attempts - 1:
                     return response
-                problem = f"HTTP {code}"
+                problem = why
             delay = retry_delay(response, attempt, self.settings.backoff_s)
             log.warning("%s: %s; retry %d of %d in %gs", what, problem, attempt + 1,
                         attempts - 1, delay)  # fmt: skip
@@ -370,6 +383,21 @@ class VastClient:
 def _encode_query(params: Mapping[str, Any]) -> dict[str, str]:
     """Query values as vast's CLI sends them: strings as they are, everything else as JSON."""
     return {k: v if isinstance(v, str) else json.dumps(v) for k, v in params.items()}
+
+
+def _retry_reason(response: requests.Response, policy: Policy) -> str | None:
+    """Why `response` is worth another attempt under `policy` (see the table), or None."""
+    code = response.status_code
+    if policy == "create":
+        return None
+    if code == 429 or (policy == "read" and code >= 500):
+        return f"HTTP {code}"
+    if policy == "read" and 200 <= code < 300:
+        try:
+            response.json()
+        except ValueError:
+            return f"HTTP {code} but the reply is not JSON (cut short?)"
+    return None
 
 
 def _listing_page(data: Any, page: int) -> tuple[list[dict[str, Any]], str | None, int]:

@@ -255,7 +255,8 @@ def summarize(weights: dict[str, float], rows: list[tuple[Any, ...]]) -> list[De
     """Rows of (name, pending, running, oldest_pending_s, max_retries) -> Demand per name + all.
 
     Every configured name gets an entry (zeros when absent); rows for other names are ignored.
-    `all` holds the weighted pending/running sums rounded to ints, the oldest and the max.
+    `all` holds the weighted pending/running sums rounded up (a task of any weight counts: one
+    pending task of weight 0.3 is 1, never 0), the oldest and the max.
     """
     by_name = {str(r[0]): r for r in rows}
     per_task = []
@@ -264,12 +265,20 @@ def summarize(weights: dict[str, float], rows: list[tuple[Any, ...]]) -> list[De
         per_task.append(Demand(name, int(pending), int(running), float(oldest), int(retries)))
     total = Demand(
         task="all",
-        pending=round(sum(weights[d.task] * d.pending for d in per_task)),
-        running=round(sum(weights[d.task] * d.running for d in per_task)),
+        pending=_ceil(sum(weights[d.task] * d.pending for d in per_task)),
+        running=_ceil(sum(weights[d.task] * d.running for d in per_task)),
         oldest_pending_s=max(d.oldest_pending_s for d in per_task),
         max_retries=max(d.max_retries for d in per_task),
     )
     return [*per_task, total]
+
+
+_CEIL_EPSILON = 1e-6  # float noise in a weighted sum, far below any weight's share
+
+
+def _ceil(weighted: float) -> int:
+    """Round a weighted sum up, forgiving float noise (0.1 summed 30 times is 3, not 4)."""
+    return math.ceil(weighted - _CEIL_EPSILON)
 
 
 def _machine_key(machine: int | str) -> tuple[str, int | str]:

@@ -108,24 +108,53 @@ def stage_of(inst: Instance, record: Record | None) -> str:
     return "loading"  # running container, agent not registered yet: unregistered
 
 
-def enrich(
-    listed: Sequence[Instance], records: Mapping[str, Record], health: Mapping[str, Health],
-    machines: Sequence[Machine], sidecar_stale_s: float,
-) -> list[Instance]:  # fmt: skip
-    """One Instance per listed instance, with stage, daemon, sidecar, tasks and drain state."""
-    by_node = {m.host_and_port: m for m in machines}
+def node_host(host_and_port: str) -> str:
+    """The host of a Curio `host_and_port` ("1.2.3.4:12300", "[::1]:12300")."""
+    host = host_and_port.rsplit(":", 1)[0] if ":" in host_and_port else host_and_port
+    return host.strip("[]")
+
+
+@dataclass(frozen=True)
+class Link:
+    """How one listed instance was joined to its agent's record and its Curio node."""
+
+    record: Record | None
+    node: Machine | None
+    node_known: bool  # a node was ever known for it (one missing now is gone, not unknown)
+
+
+def find_node(inst_ip: str, record: Record | None, by_node: Mapping[str, Machine],
+              by_host: Mapping[str, list[Machine]]) -> Machine | None:  # fmt: skip
+    """The instance's Curio node: the one its agent named, if that node's host is the
+    instance's public address; else the only node on that address."""
+    claimed = record.host_and_port if record is not None else None
+    if claimed and claimed in by_node and (not inst_ip or node_host(claimed) == inst_ip):
+        return by_node[claimed]
+    on_host = by_host.get(inst_ip, []) if inst_ip else []
+    return on_host[0] if len(on_host) == 1 else None
+
+
+def enrich(listed: Sequence[Instance], links: Mapping[str, Link], health: Mapping[str, Health],
+           sidecar_stale_s: float) -> list[Instance]:  # fmt: skip
+    """One Instance per listed instance, with stage, daemon, sidecar, tasks and drain state.
+
+    A sidecar is up when its node heartbeats, down when its node is stale or was known and is
+    gone (Curio deleted it), and unknown when no node was ever found for an instance past its
+    benchmark (it may be running tasks that nobody can see)."""
     out = []
     for inst in listed:
-        record = records.get(inst.label) or records.get(f"C.{inst.id}") or records.get(inst.id)
-        node = by_node.get(record.host_and_port or "") if record else None
+        link = links.get(inst.id, Link(None, None, False))
+        record, node = link.record, link.node
         check = health.get(inst.id)
+        stage = stage_of(inst, record)
         alive = node is not None and not node.stale and node.last_contact_age_s < sidecar_stale_s
+        unknown = node is None and not link.node_known and stage in ("bench", "running")
         out.append(replace(
             inst,
-            stage=stage_of(inst, record),
+            stage=stage,
             daemon="up" if check and check.up else ("down" if check else "unknown"),
             daemon_uptime_s=check.uptime_s if check and check.up else None,
-            sidecar="up" if alive else "down",
+            sidecar="up" if alive else ("unknown" if unknown else "down"),
             tasks_running=node.running_tasks if node else 0,
             drained=bool(node and node.unschedulable),
             bench_rate=record.bench_rate if record else None,
@@ -134,7 +163,11 @@ def enrich(
 
 
 class RealFleet:
-    """The controller's provider for a vast fleet with Curio nodes and fleetgate agents."""
+    """The controller's provider for a vast fleet with Curio nodes and fleetgate agents.
+
+    Only instances fleetgate launched are its own: a label with the launch prefix, or an id
+    that one of its launches rented (vast may show an empty label). Everything else on the
+    account is `foreign`: observed and shown, never managed."""
 
     def __init__(
         self,
@@ -149,6 +182,8 @@ class RealFleet:
         failures_to_down: int = 2,
         down_after_s: float = 60.0,
         failures: dict[str, list[float]] | None = None,
+        launched: Callable[[], Mapping[str, str]] = dict,
+        label_prefix: str = "fg-",
     ) -> None:
         self.vast = vast
         self.lifecycle = lifecycle
@@ -160,22 +195,84 @@ class RealFleet:
         self.failures_to_down = failures_to_down
         self.down_after_s = down_after_s
         self.failures = {} if failures is None else failures  # kept by the caller across runs
+        self.launched = launched  # instance id -> launch label, of every launch that rented
+        self.label_prefix = label_prefix
+        self.foreign: list[Instance] = []
         self._last: dict[str, Instance] = {}
 
     def list_instances(self) -> list[Instance]:
         listed = self.vast.list_instances()  # it knows when an empty listing is implausible
+        own, self.foreign = self.split(listed)
         records = self.lifecycle.records()
         try:
             machines = self.curio.machines()
         except SensorError as exc:
             raise SensorError(f"Curio nodes unknown: {exc}") from exc
-        past_registration = [i for i in listed if stage_of(i, records.get(i.label)) in
-                             ("bench", "running")]  # fmt: skip
+        links = self._link(own, records, machines)
+        past_registration = [i for i in own
+                             if stage_of(i, links[i.id].record)
+                             in ("bench", "running")]  # fmt: skip
         health = persisted(self.check_health(past_registration), self.failures, self.clock(),
                            self.failures_to_down, self.down_after_s)  # fmt: skip
-        fleet = enrich(listed, records, health, machines, self.sidecar_stale_s)
+        fleet = enrich(own, links, health, self.sidecar_stale_s)
         self._last = {i.id: i for i in fleet}
         return fleet
+
+    def split(self, listed: Sequence[Instance]) -> tuple[list[Instance], list[Instance]]:
+        """(own, foreign) by launch label prefix or launched id."""
+        launched = self.launched()
+        own: list[Instance] = []
+        foreign: list[Instance] = []
+        for inst in listed:
+            mine = inst.label.startswith(self.label_prefix) or inst.id in launched
+            (own if mine else foreign).append(inst)
+        return own, foreign
+
+    def confirm_gone(self, instance_ids: Sequence[str]) -> set[str]:
+        """Which of these instances, missing from the listing, vast confirms are gone."""
+        found: set[str] = self.vast.confirm_gone(instance_ids)
+        return found
+
+    def _link(self, own: Sequence[Instance], records: Mapping[str, Record],
+              machines: Sequence[Machine]) -> dict[str, Link]:  # fmt: skip
+        """Each own instance's agent record and Curio node; what was learned is stored."""
+        launched = self.launched()
+        by_vast = {str(getattr(r, "vast_id", "")): r for r in records.values()}
+        by_node = {m.host_and_port: m for m in machines}
+        by_host: dict[str, list[Machine]] = {}
+        for m in machines:
+            by_host.setdefault(node_host(m.host_and_port), []).append(m)
+        links = {}
+        for inst in own:
+            label = inst.label or launched.get(inst.id, "")
+            record = records.get(label) or by_vast.get(inst.id) or records.get(f"C.{inst.id}")
+            ip = self._address(inst.id)
+            node = find_node(ip, record, by_node, by_host)
+            if record is not None:
+                record = self._remember(record, inst, node)
+            known = bool(record and record.host_and_port
+                         and (not ip or node_host(record.host_and_port) == ip))  # fmt: skip
+            links[inst.id] = Link(record, node, known)
+        return links
+
+    def _address(self, instance_id: str) -> str:
+        raw = getattr(self.vast, "last_raw", {}).get(instance_id, {})
+        ip = raw.get("public_ipaddr") if isinstance(raw, Mapping) else None
+        return ip.strip() if isinstance(ip, str) else ""
+
+    def _remember(self, record: Record, inst: Instance, node: Machine | None) -> Record:
+        """Store the vast id, machine and verified Curio node of a record when they changed."""
+        hp = node.host_and_port if node is not None else None
+        if (getattr(record, "vast_id", None) == inst.id
+                and getattr(record, "machine_id", None) == inst.machine_id
+                and (hp is None or record.host_and_port == hp)):  # fmt: skip
+            return record
+        self.lifecycle.link(record.label, vast_id=inst.id, machine_id=inst.machine_id,
+                            host_and_port=hp)  # fmt: skip
+        log.info("instance %s: linked to agent record %r (Curio node %s)", inst.id, record.label,
+                 hp or record.host_and_port or "unknown")  # fmt: skip
+        fresh: Record | None = self.lifecycle.record(record.label)
+        return fresh if fresh is not None else record
 
     def launch(self, request: LaunchRequest) -> str:
         return str(self.vast.launch(request))

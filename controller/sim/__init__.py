@@ -1,8 +1,9 @@
 """The simulator: a rented GPU fleet and a Curio-like proving queue in virtual time.
 
-It stands in for vast.ai and Curio so the controller can be run, replayed and tested without
-either: `Simulation(config, seed).provider` is a Provider and a DemandSensor. No network, no
-wall clock; all randomness comes from one seeded `random.Random`.
+It stands in for vast.ai and Curio *below the wire* (`controller.sim.wire`): it answers vast's
+HTTP API, Curio's queries, cuzk's status probes, and its instances' agents call the instance
+API, so the controller runs its production fleet path on it. No network, no wall clock; all
+randomness comes from seeded `random.Random`s.
 """
 
 from controller.sim.config import SimConfig

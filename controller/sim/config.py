@@ -113,6 +113,40 @@ class SimConfig(BaseModel):
     )
     reboot_s: float = Field(default=60.0, ge=0, description="reboot: seconds in status rebooting.")
 
+    # --- the vast account and its wire (controller.sim.vast_api); 0 = a clean account
+    foreign_instances: int = Field(
+        default=0,
+        ge=0,
+        le=1000,
+        description="Instances on the account that fleetgate did not launch: they hold machines,"
+        " never change and never claim tasks (labels jupyter, '' and old-prover; some stopped).",
+    )
+    empty_label_fraction: Fraction = Field(
+        default=0.0,
+        description="Share of launched instances whose label vast's API shows as '' (the"
+        " container keeps its label); drawn per instance, not from the world's RNG.",
+    )
+    late_create_s: Range = Field(
+        default=(0.0, 0.0),
+        description="After a create through the wire, seconds the new instance stays missing"
+        " from vast's list and show (the create succeeds before the listing shows it).",
+    )
+    vast_429_fraction: Fraction = Field(
+        default=0.0, description="Wire: share of calls refused with 429 (plain text, no wait)."
+    )
+    vast_5xx_fraction: Fraction = Field(
+        default=0.0, description="Wire: share of reads and mutations answered 503, nothing done."
+    )
+    vast_truncated_fraction: Fraction = Field(
+        default=0.0, description="Wire: share of reads answered 200 with a JSON body cut short."
+    )
+    create_lost_fraction: Fraction = Field(
+        default=0.0, description="Wire: share of creates that rent the instance but answer 502."
+    )
+    create_failed_fraction: Fraction = Field(
+        default=0.0, description="Wire: share of creates that answer 500 and rent nothing."
+    )
+
     # --- the proving queue
     slots_per_instance: int = Field(default=2, ge=1, description="Tasks one node runs at once.")
     reference_rate: float = Field(
@@ -124,6 +158,14 @@ class SimConfig(BaseModel):
         default=600.0,
         ge=0,
         description="Tasks of an exited/offline/frozen node return after this, s.",
+    )
+    operator_nodes: int = Field(
+        default=1,
+        ge=0,
+        le=254,
+        strict=True,
+        description="The operator's own Curio nodes (harmony ids 1..n, see sim.addresses): they"
+        " always heartbeat and own no simulated tasks.",
     )
     demand: Literal["synthetic", "trace"] = Field(
         default="synthetic", description="Where task arrivals come from."
@@ -171,6 +213,10 @@ class SimConfig(BaseModel):
             raise ValueError("service_max_s must be >= service_min_s")
         if self.demand == "trace" and not self.trace_path:
             raise ValueError("demand 'trace' needs trace_path")
+        if self.foreign_instances > self.machines:
+            raise ValueError("foreign_instances must be <= machines (each holds one machine)")
+        if self.create_lost_fraction + self.create_failed_fraction > 1.0:
+            raise ValueError("create_lost_fraction + create_failed_fraction must be <= 1")
         if not self.task_weights or sum(self.task_weights.values()) <= 0:
             raise ValueError("task_weights needs at least one positive weight")
         for name, weight in self.task_weights.items():

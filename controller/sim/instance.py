@@ -40,6 +40,7 @@ class SimInstance:
     stage: str = "provisioning"
     daemon: str = "down"
     sidecar: str = "down"
+    sidecar_seen_at: float | None = None  # last time its Curio node was up (its last_contact)
     drained: bool = False
     bench_rate: float | None = None
     status_msg: str = ""

@@ -7,15 +7,12 @@ simulation restored from `to_json()` continues exactly as the original would hav
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from controller.sim.clock import VirtualClock
 from controller.sim.config import SimConfig
 from controller.sim.world import World
-
-if TYPE_CHECKING:
-    from controller.providers.sim import SimProvider
 
 DEFAULT_START = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 FORMAT_VERSION = 1
@@ -45,13 +42,6 @@ class Simulation:
         return self._world
 
     @property
-    def provider(self) -> SimProvider:
-        """A Provider and DemandSensor acting on this simulation at `now()`."""
-        from controller.providers.sim import SimProvider  # the adapter imports this package
-
-        return SimProvider(self)
-
-    @property
     def stats(self) -> dict[str, Any]:
         """spend_usd, gpu_hours, task counts, waits_s {count, p50, p95, max}, instance counts."""
         return self._world.stats(self.now())
@@ -60,8 +50,9 @@ class Simulation:
         """Virtual epoch seconds."""
         return self._clock.now()
 
-    def advance(self, seconds: float) -> None:
-        """Move time and the world forward in sub-steps of at most `config.step_s`."""
+    def advance(self, seconds: float, on_step: Callable[[float], None] | None = None) -> None:
+        """Move time and the world forward in sub-steps of at most `config.step_s`;
+        `on_step(t)` runs after each (the instances' agents act then, at virtual time t)."""
         if seconds < 0:
             raise ValueError(f"cannot advance by {seconds!r} s")
         target = self.now() + seconds
@@ -70,6 +61,8 @@ class Simulation:
             t = min(t + self._config.step_s, target)
             self._world.step(t)
             self._clock.set(t)
+            if on_step is not None:
+                on_step(t)
 
     def to_json(self) -> dict[str, Any]:
         """The whole state as JSON-serializable data (lists, dicts, numbers, strings, None)."""

@@ -5,10 +5,12 @@
 1. tasks whose service ended by `t` complete (their queue wait is recorded);
 2. each live instance, by id, applies its scheduled events due by `t`, at their own times
    (lifecycle stages, daemon deaths and restarts, reboots, exits, freezes, task releases);
+   then each instance whose sidecar is up is seen at `t` (its Curio node's last_contact);
 3. tasks arriving by `t` are posted (synthetic process or trace);
 4. eligible nodes claim pending tasks, oldest first, up to their free slots.
 
 Operations (launch, destroy, reboot, ...) act at the `now` they are given. No I/O, no clock.
+`account` holds what only vast's API shows (foreign instances, API labels, late creates).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from typing import Any
 
 from controller.model import Demand
 from controller.providers.base import PermanentProviderError
-from controller.sim import lifecycle
+from controller.sim import account, lifecycle
+from controller.sim.account import Account
 from controller.sim.arrivals import draw_service_s, draw_task_name, next_synthetic_arrival
 from controller.sim.config import SimConfig
 from controller.sim.instance import SimInstance
@@ -48,13 +51,18 @@ class World:
         self._next_arrival_at: float | None = state["next_arrival_at"]
         self._trace_index: int = state["trace_index"]
         self._next_odd_at: float | None = state.get("next_odd_at")
+        # operator Curio nodes (1-based, see sim.addresses) marked unschedulable
+        self.drained_operators: set[int] = set(state.get("drained_operators", []))
         self.counters = Stats.from_json(state["stats"])
+        self.account = Account.from_json(state.get("account"))  # vast-only: foreign, labels
         self._trace: list[TraceTask] = self._load_trace()
 
     @classmethod
     def create(cls, config: SimConfig, rng: random.Random, start: float) -> World:
         """A new world: machines drawn from `rng`, no instances, an empty queue."""
+        salt = account.salt_of(rng)  # the account's hashes: fixed by the seed, no draw
         machines = generate_machines(config, rng)
+        held = Account.create(config, [m.machine_id for m in machines], salt, start)
         first_arrival = None
         if config.demand == "synthetic":
             first_arrival = next_synthetic_arrival(start, start, config, rng)
@@ -68,6 +76,7 @@ class World:
             "trace_index": 0,
             "stats": Stats().to_json(),
             "next_odd_at": _next_odd(start, config, rng),
+            "account": held.to_json(),
         }
         return cls(config, rng, state)
 
@@ -83,6 +92,8 @@ class World:
             "trace_index": self._trace_index,
             "stats": self.counters.to_json(),
             "next_odd_at": self._next_odd_at,
+            "drained_operators": sorted(self.drained_operators),
+            "account": self.account.to_json(),
         }
 
     def _load_trace(self) -> list[TraceTask]:
@@ -102,6 +113,7 @@ class World:
         for inst in self.live_instances():
             self._run_events(inst, t)
         self._odd_status(t)
+        self._heartbeat(t)
         self._arrive(t)
         self._claim(t)
 
@@ -127,6 +139,11 @@ class World:
                 victim = self._rng.choice(running)
                 self._task_effect(victim.id, lifecycle.lose(victim, "frozen", when, self.config))
             self._next_odd_at = _next_odd(when, self.config, self._rng)
+
+    def _heartbeat(self, t: float) -> None:
+        for inst in self._instances.values():
+            if inst.sidecar == "up":
+                inst.sidecar_seen_at = t
 
     def _task_effect(self, instance_id: str, effect: lifecycle.Effect) -> None:
         if effect == "release":
@@ -203,7 +220,7 @@ class World:
         max_dph: float | None = None,
     ) -> str:
         """Rent the best rentable machine (see machines.choose_machine); returns the new id."""
-        busy = frozenset(i.machine_id for i in self._instances.values())
+        busy = self.busy_machines()
         machine = choose_machine(
             self.machines.values(),
             busy=busy,
@@ -216,6 +233,21 @@ class World:
                 f"no offer matches label {label!r}: {len(self.machines)} machines, "
                 f"{len(busy)} rented, {len(exclude)} excluded, max_dph {max_dph!r}"
             )
+        return self._rent(machine, label, now)
+
+    def launch_on(self, machine_id: str, label: str, now: float) -> str:
+        """Rent machine `machine_id` (a create on its offer); PermanentProviderError if taken."""
+        machine = self.machines.get(machine_id)
+        if machine is None or machine_id in self.busy_machines():
+            raise PermanentProviderError(f"machine {machine_id!r} is not for rent")
+        return self._rent(machine, label, now)
+
+    def busy_machines(self) -> frozenset[str]:
+        """Machines rented now: by a live instance or a foreign one."""
+        live = frozenset(i.machine_id for i in self._instances.values())
+        return live | self.account.busy_machines()
+
+    def _rent(self, machine: Machine, label: str, now: float) -> str:
         instance_id = str(self._next_instance_id)
         self._next_instance_id += 1
         inst = lifecycle.new_instance(instance_id, label, machine, now, self.config, self._rng)
@@ -234,12 +266,21 @@ class World:
         self.counters.close_billing(machine.dph, machine.num_gpus, inst.billed_s(now))
         self.counters.instances_destroyed += 1
         del self._instances[instance_id]
+        self.account.forget(instance_id)
         log.debug("sim: destroyed instance %s at %.0f", instance_id, now)
 
     def reboot(self, instance_id: str, now: float) -> None:
         """Restart the container (see lifecycle.reboot)."""
         inst = self.get(instance_id)
         self._task_effect(instance_id, lifecycle.reboot(inst, now, self.config))
+
+    def set_state(self, instance_id: str, state: str, now: float) -> None:
+        """vast's stop ("stopped") or start ("running") of the container (see account.stop)."""
+        inst = self.get(instance_id)
+        if state == "stopped":
+            self._task_effect(instance_id, account.stop(inst, now))
+        else:
+            self._task_effect(instance_id, account.start(inst, now, self.config))
 
     def restart_daemon(self, instance_id: str, now: float) -> None:
         """Restart the proving daemon (see lifecycle.restart_daemon)."""
@@ -249,6 +290,21 @@ class World:
     def drain(self, instance_id: str) -> None:
         """The instance's node claims no new tasks from now on."""
         self.get(instance_id).drained = True
+
+    def undrain(self, instance_id: str) -> None:
+        """The instance's node claims tasks again."""
+        self.get(instance_id).drained = False
+
+    def drain_operator(self, node: int, drained: bool = True) -> None:
+        """Set operator node `node`'s (1-based) unschedulable flag; it owns no tasks anyway."""
+        if not 1 <= node <= self.config.operator_nodes:
+            raise PermanentProviderError(
+                f"no operator node {node} (operator_nodes is {self.config.operator_nodes})"
+            )
+        if drained:
+            self.drained_operators.add(node)
+        else:
+            self.drained_operators.discard(node)
 
     def demand(self, now: float) -> list[Demand]:
         """The queue as the demand sensor reports it."""
@@ -260,7 +316,10 @@ class World:
         for inst in self._instances.values():
             machine = self.machines[inst.machine_id]
             bills.append((machine.dph, machine.num_gpus, inst.billed_s(now)))
-        return self.counters.summary(bills)
+        summary = self.counters.summary(bills)
+        if self.config.foreign_instances:
+            summary["foreign_destroyed"] = self.account.foreign_destroyed
+        return summary
 
 
 def _next_odd(t: float, config: SimConfig, rng: random.Random) -> float | None:

@@ -29,9 +29,9 @@ takes the next fault scripted for its endpoint, if any:
 
 Instances' public address is loopback (a health check must never leave this machine);
 `on_create(fields)` may change a new instance's fields (e.g. its port mapping).
-`late_creates = n` hides each new instance from the listing (and show) for the next n listing
-calls (a listing call is a first-page request). `vanish(offer_id)` keeps an offer in search
-results but answers its create with 404 no_such_ask.
+`late_creates = n` hides each new instance from the listing (and show, unless
+`late_shows = False`) for the next n listing calls (a listing call is a first-page request).
+`vanish(offer_id)` keeps an offer in search results but answers its create with 404 no_such_ask.
 """
 
 from __future__ import annotations
@@ -146,6 +146,7 @@ class FakeVast:
         self.boot_s, self.load_s, self.reboot_s = boot_s, load_s, reboot_s
         self.now = 0.0
         self.late_creates = 0
+        self.late_shows = True  # False: show finds an instance the listing still hides
         self.on_create: Callable[[dict[str, Any]], None] | None = None
         self.list_calls = 0
         self.requests: list[Recorded] = []
@@ -264,7 +265,7 @@ class FakeVast:
 
     def _show(self, req: Recorded) -> tuple[int, Any]:
         inst = self._instances.get(_path_id(req.path))
-        shown = inst is not None and self._visible(inst)
+        shown = inst is not None and (self._visible(inst) or not self.late_shows)
         return 200, {"instances": self._view(inst) if shown and inst else None}
 
     def _search(self, req: Recorded) -> tuple[int, Any]:

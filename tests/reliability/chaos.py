@@ -40,6 +40,7 @@ from fakes.vast_server import (
 )
 from reliability import failover as _failover
 from reliability import kill9 as _kill9
+from sim_support import WorldView
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "rules"
@@ -516,9 +517,9 @@ def adversarial_llm(n: int, seed: int) -> dict[str, Any]:
                 if acted and valid is False:
                     harms["invalid_acted"] += 1
                     details.append(f"#{i} {kind}: an invalid answer was routed to act: {call}")
-                before = {str(x.id) for x in app.sim.provider.list_instances()}
+                before = {str(x.id) for x in WorldView(app.sim).list_instances()}
                 planned = c.tick()
-                after = app.sim.provider.list_instances()
+                after = WorldView(app.sim).list_instances()
                 rows = [
                     r
                     for r in j.actions(100_000, executed_only=False)

@@ -1,0 +1,149 @@
+"""What the vast account holds beside the world's own instances, as vast's API shows them.
+
+Instances on the account that fleetgate did not launch ("foreign"), labels set through the API,
+creates that vast does not list yet, and the wire's call counter; plus vast's stop and start of
+a world instance's container. Saved in the world's JSON state.
+
+Every draw here is a hash of the world's `salt` (see `unit`), never the world's RNG, so turning
+these features on changes no other draw. Must not decide anything about the fleet; no I/O, no
+clock: times are passed in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from controller.providers.base import PermanentProviderError
+from controller.sim.config import SimConfig
+from controller.sim.instance import SimInstance
+from controller.sim.lifecycle import Effect
+
+log = logging.getLogger(__name__)
+
+FOREIGN_FIRST_ID = 9001  # foreign instances predate fleetgate's (which start at 10001)
+FOREIGN_LABELS = ("jupyter", "", "old-prover")  # every third one is stopped
+
+
+@dataclass
+class ForeignInstance:
+    """An instance of the account that fleetgate did not launch; it never changes by itself."""
+
+    id: str
+    label: str
+    machine_id: str
+    status: str  # "running" or "stopped"
+    start_date: float
+
+
+@dataclass
+class Account:
+    """The account's vast-only state (see the module docstring)."""
+
+    salt: int = 0
+    foreign: dict[str, ForeignInstance] = field(default_factory=dict)
+    api_labels: dict[str, str] = field(default_factory=dict)  # labels set through the API
+    hidden_until: dict[str, float] = field(default_factory=dict)  # creates not listed yet
+    wire_calls: int = 0
+    foreign_destroyed: int = 0
+
+    @classmethod
+    def create(
+        cls, config: SimConfig, machine_ids: Iterable[str], salt: int, start: float
+    ) -> Account:
+        """A new account: `config.foreign_instances` foreign instances on hashed machines."""
+        chosen = sorted(machine_ids, key=lambda m: unit(salt, m, "foreign"))
+        foreign = {}
+        for k, machine_id in enumerate(chosen[: config.foreign_instances]):
+            iid = str(FOREIGN_FIRST_ID + k)
+            status = "stopped" if k % 3 == 2 else "running"
+            label = FOREIGN_LABELS[k % 3]
+            when = start - 86400.0 * (1 + k) - 3600.0 * unit(salt, iid, "start")
+            foreign[iid] = ForeignInstance(iid, label, machine_id, status, when)
+        return cls(salt=salt, foreign=foreign)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> Account:
+        """The account of a saved state; an empty one for states saved before it existed."""
+        if not data:
+            return cls()
+        foreign = {k: ForeignInstance(**v) for k, v in data["foreign"].items()}
+        return cls(**{**data, "foreign": foreign, "api_labels": dict(data["api_labels"]),
+                      "hidden_until": dict(data["hidden_until"])})  # fmt: skip
+
+    def busy_machines(self) -> frozenset[str]:
+        """Machines held by foreign instances (not offered)."""
+        return frozenset(f.machine_id for f in self.foreign.values())
+
+    def hidden(self, instance_id: str, now: float) -> bool:
+        """True while vast does not list a fresh create yet."""
+        until = self.hidden_until.get(instance_id)
+        if until is None:
+            return False
+        if now >= until:
+            del self.hidden_until[instance_id]
+            return False
+        return True
+
+    def api_label(self, instance_id: str, label: str, empty_fraction: float) -> str:
+        """The label vast's API shows for a world instance whose container label is `label`."""
+        shown = self.api_labels.get(instance_id)
+        if shown is not None:
+            return shown
+        if empty_fraction > 0 and unit(self.salt, instance_id, "label") < empty_fraction:
+            return ""
+        return label
+
+    def forget(self, instance_id: str) -> None:
+        """A world instance was destroyed: drop what the account kept about it."""
+        self.api_labels.pop(instance_id, None)
+        self.hidden_until.pop(instance_id, None)
+
+    def destroy_foreign(self, instance_id: str) -> None:
+        """Somebody destroyed an instance fleetgate does not own (counted for the tests)."""
+        del self.foreign[instance_id]
+        self.foreign_destroyed += 1
+        log.warning("sim: foreign instance %s destroyed through the API", instance_id)
+
+
+def unit(salt: int, *parts: str) -> float:
+    """A number in [0, 1) fixed by `salt` and `parts`: a hash, no RNG state."""
+    key = ":".join((str(salt), *parts)).encode()
+    return zlib.crc32(key) / 4294967296.0
+
+
+def salt_of(rng: random.Random) -> int:
+    """A number fixed by the RNG's current state (so by the seed), without drawing from it."""
+    digest = hashlib.blake2b(repr(rng.getstate()).encode(), digest_size=6).digest()
+    return int.from_bytes(digest, "big")
+
+
+def stop(inst: SimInstance, now: float) -> Effect:
+    """vast's stop: the container stops (stage kept), its tasks go back to pending."""
+    if inst.status == "stopped":
+        return ""
+    if inst.status != "running":
+        raise PermanentProviderError(f"instance {inst.id!r} is {inst.status}: cannot stop")
+    inst.stage_left = None if inst.stage_until is None else inst.stage_until - now
+    inst.clear_schedule()
+    inst.status, inst.status_msg = "stopped", ""
+    inst.daemon = inst.sidecar = "down"
+    inst.daemon_started_at = None
+    return "release"
+
+
+def start(inst: SimInstance, now: float, config: SimConfig) -> Effect:
+    """vast's start of a stopped container: loading for `reboot_s`, then running as a reboot."""
+    if inst.status != "stopped":
+        return ""
+    inst.status, inst.status_msg = "loading", "starting"
+    inst.reboot_until = now + config.reboot_s  # lifecycle's reboot end brings it back
+    return ""
