@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import shlex
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,7 +109,12 @@ def build(
     config_path: str | None = None,
     seed: int | None = None,
     rules: list[str] | None = None,
+    clock: Callable[[], float] = time.time,
+    seams: Any = None,
 ) -> App:
+    """The controller the config describes. `clock` is the controller's (provider vast; the
+    simulator brings its own), `seams` the wire under the fleet path (default: the real one;
+    a test may hand in its own, e.g. with a fake clock and sleep for the vast client)."""
     # urllib3 logs request paths at DEBUG, and a webhook's path is a secret: whoever embeds
     # the controller with DEBUG logging must not leak it
     logging.getLogger("urllib3").setLevel(max(logging.getLogger("urllib3").level, logging.WARNING))
@@ -128,10 +134,10 @@ def build(
 
     settings = decide_settings(config)
     if config.provider == "vast":
-        fleet, curio, store = wiring.real_fleet(config, journal, time.time)
+        fleet, curio, store = wiring.real_fleet(config, journal, clock, seams)
         controller = Controller(
             journal=journal, provider=fleet, demand=curio, rules=source, settings=settings,
-            escalator=escalator, clock=time.time, sources=[fleet.overdue], on_gone=fleet.gone,
+            escalator=escalator, clock=clock, sources=[fleet.overdue], on_gone=fleet.gone,
             after_tick=lambda: journal.put(wiring.HEALTH_KEY, fleet.failures),
         )  # fmt: skip
         return App(config, state, journal, controller, None, store)

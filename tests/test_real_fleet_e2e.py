@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shutil
 import socket
 import threading
 import time
@@ -27,6 +25,7 @@ from fakes.vast_server import Empty, FakeVast, Lost, Status, offer
 
 from controller.app import App, build
 from controller.config import parse_config
+from controller.sim.wire import Seams
 
 ROOT = Path(__file__).resolve().parent.parent
 DSN = os.environ.get("FLEETGATE_TEST_PG_DSN", "host=127.0.0.1 port=5432 dbname=test user=postgres")
@@ -65,15 +64,31 @@ class Cuzk:
         self.alive, self.started = True, time.time()
 
 
+class Clock:
+    """The controller's clock: virtual, moved by the test (and by the client's sleeps)."""
+
+    def __init__(self, now: float = 1_700_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
 @dataclass
 class World:
     vast: FakeVast
     db: CurioDB
     app: App
     api: str
+    clock: Clock
     cuzk: dict[int, Cuzk] = field(default_factory=dict)
     machines: dict[int, int] = field(default_factory=dict)  # vast id -> Curio machine id
     registered: set[int] = field(default_factory=set)
+    labels: dict[int, str] = field(default_factory=dict)  # the container's (FLEETGATE_LABEL)
+    flags: bool = True  # agents started with --vast-id and --host-and-port (False: neither)
 
     def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
         headers = {"Authorization": f"Bearer {FLEET_TOKEN}"}
@@ -87,10 +102,11 @@ class World:
         for iid, fields in self.vast.instances.items():
             if fields.get("actual_status") != "running" or iid not in self.cuzk:
                 continue
-            label = fields["label"]
+            label = self.labels.get(iid) or fields["label"]
             if iid not in self.registered:
                 node = f"127.0.0.1:{20000 + iid}"
-                self.post("register", {"label": label, "vast_id": str(iid), "host_and_port": node})
+                ids = {"vast_id": str(iid), "host_and_port": node} if self.flags else {}
+                self.post("register", {"label": label, **ids})
                 self.machines[iid] = self.db.add_machine(node)
                 for step in ("params-done", "bench-done", "running"):
                     self.post(f"{label}/{step}", {"rate": 35.0} if step == "bench-done" else None)
@@ -104,6 +120,7 @@ class World:
     def tick(self, n: int = 1) -> None:
         for _ in range(n):
             self.vast.advance(60)
+            self.clock.now += 60
             self.agents()
             self.app.controller.tick()
             self.agents()
@@ -122,13 +139,7 @@ def free_port() -> int:
 
 @pytest.fixture
 def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
-    rules = tmp_path / "rules"
-    shutil.copytree(ROOT / "rules", rules, ignore=shutil.ignore_patterns("tests"))
-    scaling = rules / "scaling.yaml"  # idle for 10 minutes of real time is too long for a test
-    shipped = scaling.read_text()
-    quick = re.sub(r"idle_for_s: \{gte: [0-9.]+\}", "idle_for_s: {gt: 0}", shipped)
-    assert quick != shipped, "the shipped idle wait was not found in scaling.yaml"
-    scaling.write_text(quick)
+    rules = ROOT / "rules"  # the shipped rules as they are; time comes from a fake clock
     monkeypatch.setenv("FG_VAST_KEY", "fake-vast-key-0123456789abcdef")
     monkeypatch.setenv("FG_CURIO_DSN", DSN)
     monkeypatch.setenv("FG_FLEET_TOKEN", FLEET_TOKEN)
@@ -157,11 +168,15 @@ guards: {{scale_down_delay_after_up_s: 0, cooldowns_s: {{restart_daemon: 0}}}}
 escalation: {{channels: [file]}}
 """,
         )
-        app = build(cfg, tmp_path / "state")
+        clock = Clock()
+        seams = Seams.real()
+        seams.clock, seams.sleep = clock, clock.sleep  # the vast client's pacing and backoff
+        app = build(cfg, tmp_path / "state", clock=clock, seams=seams)
         server = app.serve_api()
-        w = World(vast, db, app, f"http://127.0.0.1:{port}")
+        w = World(vast, db, app, f"http://127.0.0.1:{port}", clock)
 
         def on_create(fields: dict[str, Any]) -> None:
+            w.labels[fields["id"]] = fields["label"]
             w.cuzk[fields["id"]] = cuzk = Cuzk()
             fields["ports"] = {"9821/tcp": [{"HostIp": "0.0.0.0", "HostPort": str(cuzk.port)}]}
 
@@ -212,8 +227,8 @@ def test_tasks_launch_daemons_restart_crash_loops_are_replaced_and_idle_capacity
     searches = [json.dumps(r.body) for r in world.vast.of("search")]
     assert b_machine in searches[-1]  # the replacement's offer search excluded b's host
 
-    world.db.finish(tasks)  # the queue drains
-    world.tick(12)
+    world.db.finish(tasks)  # the queue drains: 10 idle minutes, then drain and destroy
+    world.tick(16)  # (at most one destroy a tick: 10 % of the fleet, at least one)
     drained = world.actions("drain")
     destroyed = {r["params"]["instance"] for r in world.actions("destroy")}
     assert drained and {str(a), str(ids[2])} <= destroyed
@@ -271,9 +286,10 @@ def test_a_restart_no_agent_picks_up_becomes_a_vast_reboot(world: World) -> None
     world.cuzk[iid].alive = False
     for _ in range(2):  # the second failed probe in a row counts
         world.vast.advance(60)
+        world.clock.now += 60
         world.app.controller.tick()  # restart queued for the agent, which stays silent
     assert world.actions("restart_daemon")
-    time.sleep(1.2)  # past the command deadline
+    world.clock.now += 1.2  # past the command deadline
     world.vast.advance(60)
     world.app.controller.tick()
     reboots = [r for r in world.vast.requests if r.endpoint == "reboot"]

@@ -134,6 +134,7 @@ class CurioDemand:
     def __init__(self, settings: CurioSettings, connect: Connect = connect) -> None:
         self.settings = settings
         self._connect = connect
+        self._queries: dict[str, sql.Composed] = {}  # the fixed queries, composed once
 
     def demand(self) -> list[Demand]:
         """Pending/running per configured task name (zeros included), then the weighted `all`."""
@@ -188,8 +189,13 @@ class CurioDemand:
         return changed
 
     def _sql(self, template: LiteralString, **parts: sql.Composable) -> sql.Composed:
+        if not parts and template in self._queries:
+            return self._queries[template]
         schema = sql.Identifier(self.settings.schema_name)
-        return sql.SQL(template).format(schema=schema, **parts)
+        query = sql.SQL(template).format(schema=schema, **parts)
+        if not parts:
+            self._queries[template] = query
+        return query
 
     @contextmanager
     def _transaction(self, what: str, *, read_only: bool) -> Iterator[psycopg.Cursor[Any]]:

@@ -202,13 +202,14 @@ class RealFleet:
 
     def list_instances(self) -> list[Instance]:
         listed = self.vast.list_instances()  # it knows when an empty listing is implausible
-        own, self.foreign = self.split(listed)
+        launched = self.launched()
+        own, self.foreign = self.split(listed, launched)
         records = self.lifecycle.records()
         try:
             machines = self.curio.machines()
         except SensorError as exc:
             raise SensorError(f"Curio nodes unknown: {exc}") from exc
-        links = self._link(own, records, machines)
+        links = self._link(own, records, machines, launched)
         past_registration = [i for i in own
                              if stage_of(i, links[i.id].record)
                              in ("bench", "running")]  # fmt: skip
@@ -218,9 +219,10 @@ class RealFleet:
         self._last = {i.id: i for i in fleet}
         return fleet
 
-    def split(self, listed: Sequence[Instance]) -> tuple[list[Instance], list[Instance]]:
+    def split(self, listed: Sequence[Instance], launched: Mapping[str, str] | None = None
+              ) -> tuple[list[Instance], list[Instance]]:  # fmt: skip
         """(own, foreign) by launch label prefix or launched id."""
-        launched = self.launched()
+        launched = self.launched() if launched is None else launched
         own: list[Instance] = []
         foreign: list[Instance] = []
         for inst in listed:
@@ -234,9 +236,9 @@ class RealFleet:
         return found
 
     def _link(self, own: Sequence[Instance], records: Mapping[str, Record],
-              machines: Sequence[Machine]) -> dict[str, Link]:  # fmt: skip
+              machines: Sequence[Machine], launched: Mapping[str, str]
+              ) -> dict[str, Link]:  # fmt: skip
         """Each own instance's agent record and Curio node; what was learned is stored."""
-        launched = self.launched()
         by_vast = {str(getattr(r, "vast_id", "")): r for r in records.values()}
         by_node = {m.host_and_port: m for m in machines}
         by_host: dict[str, list[Machine]] = {}
