@@ -114,18 +114,25 @@ def test_an_instance_vast_lists_without_a_label_is_still_linked_drained_and_scal
 
 
 def test_one_listing_that_misses_an_instance_keeps_its_record(world: World) -> None:  # noqa: F811
-    tasks = world.db.post("PoRep", 2)
+    """One of four missing from one listing (not enough to doubt the listing as a whole), while
+    vast still shows it: its track and agent record stay, nothing acts on it."""
+    tasks = world.db.post("PoRep", 8)
     world.tick(4)
-    [iid] = sorted(world.registered)
-    world.db.claim(tasks, world.machines[iid])
+    ids = sorted(world.registered)
+    assert len(ids) == 4
+    iid = ids[0]
+    world.db.claim(tasks[:2], world.machines[iid])
     world.vast.late_shows = False  # show sees it while the listing does not
     with world.vast.lock:
-        world.vast._instances[iid].visible_after = world.vast.list_calls + 1
+        world.vast._instances[iid].visible_after = world.vast.list_calls + 2  # the next one
     world.tick(1)
+    summary = world.app.journal.ticks(1)[0]["summary"]
+    assert summary["instances"] == 3 and "veto" not in summary  # the listing was believed
     assert world.app.lifecycle.resolve(str(iid)) is not None  # before: forgotten for good
     world.tick(2)
     assert iid in world.vast.instances
-    assert world.post(f"{world.vast.instances[iid]['label']}/heartbeat") == {"commands": []}
+    label = world.labels[iid]
+    assert world.post(f"{label}/heartbeat") == {"commands": []}  # before: 404 from now on
     destroys = [r for r in world.app.journal.actions(1000) if r["action"] == "destroy"]
     assert destroys == []
 

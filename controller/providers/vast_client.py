@@ -297,7 +297,7 @@ class VastClient:
         if not 200 <= code < 300:
             raise _http_error(response, what, self._key)
         try:
-            data = response.json()
+            data = _decoded(response)
         except ValueError:
             attempts = 1 + self.settings.retries  # reads retry an unreadable reply (_retry_reason)
             raise TemporaryProviderError(
@@ -394,10 +394,17 @@ def _retry_reason(response: requests.Response, policy: Policy) -> str | None:
         return f"HTTP {code}"
     if policy == "read" and 200 <= code < 300:
         try:
-            response.json()
+            _decoded(response)
         except ValueError:
             return f"HTTP {code} but the reply is not JSON (cut short?)"
     return None
+
+
+def _decoded(response: requests.Response) -> Any:
+    """`response.json()`, decoded once however often it is asked for."""
+    if "_fleetgate_json" not in response.__dict__:
+        response.__dict__["_fleetgate_json"] = response.json()
+    return response.__dict__["_fleetgate_json"]
 
 
 def _listing_page(data: Any, page: int) -> tuple[list[dict[str, Any]], str | None, int]:

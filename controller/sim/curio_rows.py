@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -76,6 +77,8 @@ class SimCurio:
     def __init__(self, world: World, now: Callable[[], float]) -> None:
         self._world = world
         self._now = now
+        self.calls: Counter[str] = Counter()  # queries answered, by kind
+        self._texts: dict[int, tuple[object, str]] = {}  # a composed query's text, by identity
 
     @classmethod
     def of(cls, sim: Simulation) -> SimCurio:
@@ -117,15 +120,27 @@ class SimCurio:
 
     # --- the queries
 
+    def _text(self, query: object) -> object:
+        """The SQL text of a query; a composed one is rendered once (the sensor reuses them)."""
+        if not isinstance(query, sql.Composable):
+            return query
+        cached = self._texts.get(id(query))
+        if cached is not None and cached[0] is query:
+            return cached[1]
+        text = query.as_string(None)
+        self._texts[id(query)] = (query, text)
+        return text
+
     def answer(
         self, schema: str, query: object, params: Sequence[Any] | None, *, read_only: bool
     ) -> tuple[list[Row], int]:
         """(rows, rowcount) for `query` over the tables above; UnknownQuery if not ours."""
-        text = query.as_string(None) if isinstance(query, sql.Composable) else query
+        text = self._text(query)
         kind = _known(schema).get(text) if isinstance(text, str) else None
         if kind is None:
             shown = " ".join(str(text).split())[:300]
             raise UnknownQuery(f"SimCurio has no answer for this query (teach curio_rows): {shown}")
+        self.calls[kind] += 1
         args = list(params or [])
         if kind == "timeout":
             rows = [tuple(_args(args, 1))]

@@ -1,0 +1,79 @@
+"""One program: a simulated tick runs the production fleet path, and only the wire is simulated.
+
+`fleetgate run` on the built-in simulator goes through the vast client (HTTP requests answered
+by the simulator's transport), the Curio sensor (SQL answered with Curio's rows), the cuzk
+health probes and the agents' calls to the instance API, like a real fleet. These tests count
+the calls at each seam, and check what a real account holds is handled as on vast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from controller.app import App, build, status
+from controller.config import Config
+from controller.lifecycle import LifecycleStore
+from controller.providers.vast import VastProvider
+from controller.sensors.curio import CurioDemand
+from controller.sensors.fleet import RealFleet
+
+WORLD = {"boot_s": [30, 30], "pull_s": [30, 30], "register_s": [20, 20],
+         "params_s": [60, 60], "bench_s": [60, 60], "stuck_fraction": 0.0,
+         "busy_rate_per_h": 120, "quiet_s": 0, "odd_status_per_h": 0.0,
+         "daemon_death_per_h": 2.0, "foreign_instances": 3,
+         "empty_label_fraction": 0.3}  # fmt: skip
+
+
+def sim_app(tmp_path: Path, **agents: object) -> App:
+    config = Config.model_validate({"sim": {"world": WORLD, "agents": agents},
+                                    "escalation": {"channels": []}})  # fmt: skip
+    return build(config, tmp_path / "state")
+
+
+def test_a_simulated_tick_goes_through_every_seam_of_the_real_fleet_path(tmp_path: Path) -> None:
+    app = sim_app(tmp_path, vast_id_fraction=0.0, host_and_port_fraction=0.0)
+    c, wire = app.controller, app.wire
+    assert isinstance(c.provider, RealFleet) and isinstance(c.provider.vast, VastProvider)
+    assert isinstance(c.demand, CurioDemand) and isinstance(app.lifecycle, LifecycleStore)
+    ticks = 60
+    for _ in range(ticks):
+        c.tick()
+    vast, curio, probes, agents = (wire.vast.calls, wire.curio.calls, wire.probes.calls,
+                                   wire.agents.service.calls)  # fmt: skip
+    assert vast["list"] >= ticks and vast["search"] >= 1 and vast["create"] >= 2
+    assert curio["demand"] == curio["liveness"] == ticks and curio["machines"] == ticks
+    assert probes["status"] > 0  # instances past their benchmark are probed every tick
+    assert agents["register"] >= 2 and agents["heartbeat"] > ticks and agents["running"] >= 2
+    records = app.lifecycle.records()
+    listed = {i.id for i in c.provider.list_instances()}
+    linked = {r.vast_id for r in records.values()} & listed
+    assert linked and all(r.host_and_port for r in records.values() if r.vast_id in linked)
+    app.close()
+
+
+def test_instances_on_the_account_that_fleetgate_did_not_launch_stay_untouched(
+    tmp_path: Path,
+) -> None:
+    app = sim_app(tmp_path)
+    for _ in range(90):
+        app.controller.tick()
+    foreign = status(app)["foreign"]
+    assert [f["label"] for f in foreign] == ["jupyter", "", "old-prover"]
+    assert {f["status"] for f in foreign} == {"running", "stopped"}
+    world = app.sim.world
+    assert world.account.foreign_destroyed == 0 and len(world.account.foreign) == 3
+    acted = {r["target"] for r in app.journal.actions(10_000, executed_only=False)}
+    assert not acted & {f"instance:{f['id']}" for f in foreign} and not acted & {
+        f["id"] for f in foreign}  # fmt: skip
+    app.close()
+
+
+def test_a_restart_goes_to_the_agent_not_to_a_vast_reboot(tmp_path: Path) -> None:
+    app = sim_app(tmp_path)
+    for _ in range(240):
+        app.controller.tick()
+    restarts = [r for r in app.journal.actions(10_000) if r["action"] == "restart_daemon"]
+    assert restarts, "the world's daemons die often enough for a restart in 4 h"
+    assert app.wire.agents.service.calls["command_done"] >= 1
+    assert app.wire.vast.calls["reboot"] == 0
+    app.close()
