@@ -116,6 +116,7 @@ class VastClient:
         self._clock = clock
         self._sleep = sleep
         self._next_slot: dict[str, float] = {}
+        self._prepared: dict[Any, requests.PreparedRequest] = {}
         self._lock = threading.Lock()
 
     @property
@@ -358,12 +359,30 @@ class VastClient:
         self, endpoint: str, method: str, path: str, query: dict[str, str] | None, body: Any
     ) -> requests.Response:
         self._pace(endpoint)
-        headers = {"Authorization": f"Bearer {self._key}", "Accept": "application/json"}
-        return self._session.request(
-            method, self.settings.base_url + path, params=query,
-            json=body if method != "GET" else None, headers=headers,
-            timeout=self.settings.timeout_s, allow_redirects=False,
-        )  # fmt: skip
+        prepared = self._prepare(method, path, query, body)
+        env = self._session.merge_environment_settings(prepared.url, {}, None, None, None)
+        return self._session.send(prepared, timeout=self.settings.timeout_s,
+                                  allow_redirects=False, **env)  # fmt: skip
+
+    def _prepare(self, method: str, path: str, query: dict[str, str] | None,
+                 body: Any) -> requests.PreparedRequest:  # fmt: skip
+        """The request as `Session.request` would prepare it (the session's headers under
+        ours; vast sets no cookies). A body-less one is prepared once and copied after: the
+        listing sends the same first page every tick."""
+        key = (method, path, tuple(sorted(query.items())) if query else ()) if body is None else None
+        cached = self._prepared.get(key) if key is not None else None
+        if cached is not None:
+            return cached.copy()
+        headers = {**self._session.headers, "Authorization": f"Bearer {self._key}",
+                   "Accept": "application/json"}  # fmt: skip
+        prepared = requests.Request(method, self.settings.base_url + path, params=query,
+                                    json=body if method != "GET" else None,
+                                    headers=headers).prepare()  # fmt: skip
+        if key is not None:
+            if len(self._prepared) >= 64:
+                self._prepared.clear()
+            self._prepared[key] = prepared.copy()
+        return prepared
 
     def _pace(self, endpoint: str) -> None:
         """Wait until `endpoint`'s minimum interval since its previous call has passed."""

@@ -32,6 +32,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -154,7 +155,7 @@ class SimVastAPI(BaseAdapter):
         listing = Listing(world, now)
         if endpoint == "list":
             try:
-                return 200, listing.page(ListQuery.parse(query))
+                return 200, listing.page(_list_query(query))
             except ValueError as exc:
                 return 400, error("invalid_args", str(exc))
         if endpoint == "list_v0":
@@ -252,3 +253,10 @@ def _response(request: PreparedRequest, code: int, body: Any) -> Response:
     response.request = request
     response.encoding = "utf-8"
     return response
+
+
+@lru_cache(maxsize=256)
+def _list_query(query: str) -> ListQuery:
+    """A list call's query, parsed once per distinct query string (every tick sends the same
+    first page); ValueError as `ListQuery.parse`."""
+    return ListQuery.parse(query)

@@ -87,6 +87,7 @@ def run_fleetgate(config: Config, spec: RunSpec) -> FleetgateRun:
     app = build(trace_config(config, trace), spec.state, seed=spec.seed)
     assert app.sim is not None
     app.controller.escalator.notifier.channels = []  # nobody to notify in a replay
+    app.controller.rules.check_every_s = 1.0  # an edit still counts, within a second
     save, app.controller.after_tick = app.controller.after_tick, None
     previous = logging.root.manager.disable
     logging.disable(logging.WARNING)
