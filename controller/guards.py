@@ -75,6 +75,7 @@ def _launch_room(ctx: Context, b: _Budget, overridden: frozenset[str] = frozense
     return max(rooms[name], 0), name
 
 
+_CAPS = ("max_instances", "max_spend_per_hour")  # their vetoes escalate on their own
 OVERRIDABLE = ("max_instances", "max_launches_per_tick", "max_launches_per_hour",
                "max_spend_per_hour")  # fmt: skip
 
@@ -206,11 +207,20 @@ def _on_instance(d: Decision, ctx: Context, b: _Budget, doubts: list[Doubt]) -> 
 
 
 def check(decisions: Sequence[Decision], ctx: Context) -> tuple[list[Decision], list[Doubt]]:
-    """Every `act` decision through the guards; other verdicts pass unchanged."""
+    """Every `act` decision through the guards; other verdicts pass unchanged, except that a
+    proposal waiting for approval (`ask`) that the guards would turn into nothing now (a noop,
+    or a veto by a budget cap, which escalates by itself) is that instead: nobody is asked to
+    approve a scale-up the fleet already has, or one the caps refuse. A veto that may lift
+    (paused, sensing, a cooldown) leaves the question to people."""
     out: list[Decision] = []
     doubts: list[Doubt] = []
     b = _Budget()
     for d in decisions:
+        if d.verdict == "ask":
+            probe = _one(replace(d, verdict="act"), ctx, _Budget(), doubts)
+            moot = probe.verdict == "noop" or (probe.verdict == "veto" and probe.guard in _CAPS)
+            out.append(replace(probe, why=f"{probe.why}; not put to a person") if moot else d)
+            continue
         if d.verdict != "act":
             out.append(d)
             continue

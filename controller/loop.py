@@ -219,6 +219,15 @@ class Controller:
         by_id = {str(f["id"]): f for f in facts}
         ctx = guards.Context(by_id, hist, self._limits(), now)
         checked, vetoes = guards.check(decided.decisions, ctx)
+        moot = {id(was.proposal) for was, now_ in zip(decided.decisions, checked, strict=True)
+                if was.verdict == "ask" and now_.verdict != "ask"}  # fmt: skip
+        if moot:  # nothing a person could approve: not asked
+            decided = replace(
+                decided,
+                doubts=tuple(
+                    x for x in decided.doubts if not any(id(p) in moot for p in x.proposals)
+                ),
+            )
         return Planned(
             now,
             obs,

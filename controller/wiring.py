@@ -184,6 +184,9 @@ def fleet_settings(config: Config) -> tuple[Any, Any, Any]:
     fields = vast_cfg.model_dump(exclude={"api_key"})
     fields["min_interval_s"] = {**DEFAULT_MIN_INTERVAL_S, **vast_cfg.min_interval_s}
     dsn = _need(curio_cfg.dsn, "curio.dsn")
+    # every instance gets the token its agent presents, as FLEETGATE_FLEET_TOKEN
+    fields["secret_env"] = {"FLEETGATE_FLEET_TOKEN": _need(inst.fleet_token,
+                                                           "instances.fleet_token")}  # fmt: skip
     return (VastSettings(**fields, api_key=key),
             CurioSettings(**curio_cfg.model_dump(exclude={"dsn"}), dsn=dsn), inst)  # fmt: skip
 

@@ -4,8 +4,9 @@ For each doubt:
 
 1. build a Situation (facts sanitized, recent actions on its subject, the fleet and budget
    summary, the allowed actions, the default action `hold`);
-2. skip it while the same fingerprint is pending, or was raised within the dedup window and
-   did not clear since (one that cleared and came back, a second outage, is raised anew);
+2. skip it while the same fingerprint is pending or approved, or was raised within the dedup
+   window (`held_back`), unless it cleared since, or it asks to approve an action again after
+   the last approval was acted on;
 3. journal it (pending, with a deadline);
 4. if an LLM reader is configured (and the situation is not one the operator reserved for
    people), ask it; its answer acts when its confidence is at or above the threshold and its
@@ -111,14 +112,9 @@ class Escalator:
             s = self.situation(doubt, fleet, budget, now)
             fp = fingerprint(s)
             last = self.journal.last_escalation(fp)
-            if last and (
-                last["status"] == "pending"
-                or (
-                    last["status"] != "resolved"  # it cleared: this is a new occurrence
-                    and not should_escalate(float(last["created_at"]), now, self.window_s)
-                )
-            ):
-                continue  # fmt: skip
+            if last and held_back(str(last["status"]), s.kind, float(last["created_at"]), now,
+                                  self.window_s):  # fmt: skip
+                continue
             esc_id = self.journal.add_escalation(
                 fingerprint=fp, kind=s.kind, subject=s.subject, summary=s.summary, now=now,
                 deadline=now + self.deadline_s, situation=to_dict(s), default_action=HOLD,
@@ -265,3 +261,26 @@ def _status_of(exc: Exception) -> str:
     name = type(exc).__name__
     return {"LLMUnavailable": "unavailable", "LLMBudgetExceeded": "budget",
             "LLMInvalidAnswer": "invalid"}.get(name, "error")  # fmt: skip
+
+
+# An escalation in these states holds its situation back: it waits on people (pending), its
+# answer runs next tick (approved); nobody answered, or people said no, within the window.
+_WAITING = ("pending", "approved")
+_QUIET_FOR_A_WINDOW = ("expired", "denied")
+# An approval asks "may this be done now?": once it was carried out or refused by the guards
+# (executed, vetoed, failed, void), the rule proposing it again is a new request.
+_REQUESTS = ("approval", "low_confidence")
+
+
+def held_back(status: str, kind: str, raised_at: float, now: float, window_s: float) -> bool:
+    """Whether the last escalation of a situation keeps it from being raised again now.
+
+    One that cleared (resolved) is over: the same situation again is a new occurrence (a
+    second outage) and is raised at once; so is a request to approve an action once the
+    previous one was acted on (a drained instance whose destroy needs approving too). Any
+    other situation an answer acted on is left a window for the action to take effect."""
+    if status in _WAITING:
+        return True
+    if status == "resolved" or (kind in _REQUESTS and status not in _QUIET_FOR_A_WINDOW):
+        return False
+    return not should_escalate(raised_at, now, window_s)

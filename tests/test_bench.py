@@ -3,17 +3,32 @@
 from __future__ import annotations
 
 import json
+import math
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from controller import guards, loop
 from controller.bench_soak import ChurningFleet
-from controller.bench_tick import PHASES, _controller, synthetic_instances
+from controller.bench_tick import (
+    PHASES,
+    REAL_PHASES,
+    _controller,
+    bench_tick,
+    render_tick,
+    synthetic_instances,
+)
+from controller.bench_world import mix, sim_controller
 from controller.cli import main
 from controller.config import Config
 from controller.journal import Journal
 from controller.providers.base import LaunchRequest
+from controller.providers.vast import VastProvider
+from controller.sensors.curio import CurioDemand
+from controller.sensors.fleet import RealFleet
+from controller.sim.wire import VAST_URL
 
 pytestmark = pytest.mark.usefixtures("restore_logging")  # `main` re-points the root logger
 
@@ -22,11 +37,27 @@ def test_bench_tick_reports_every_phase_per_size(capsys: pytest.CaptureFixture[s
     patched_before = (loop.advance, loop.build_facts, loop.decide, guards.check)
     assert main(["bench", "tick", "--instances", "10,50", "--repeat", "2", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["phases"] == list(PHASES) and doc["repeat"] == 2
-    assert [r["instances"] for r in doc["sizes"]] == [10, 50]
+    assert doc["path"] == "real"  # the production fleet path unless told otherwise
+    assert doc["phases"] == list(REAL_PHASES) and doc["repeat"] == 2
+    _check_sizes(doc, [10, 50], 2)
+    # the controller's functions are put back after the run
+    assert (loop.advance, loop.build_facts, loop.decide, guards.check) == patched_before
+
+
+def test_the_synthetic_path_reproduces_the_earlier_phases() -> None:
+    doc = bench_tick(Config(), [10, 50], 2, path="synthetic")
+    assert doc["path"] == "synthetic" and doc["phases"] == list(PHASES)
+    _check_sizes(doc, [10, 50], 2)
+    assert all(r["wire_calls"] == {} and r["sim_ms"] == {} for r in doc["sizes"])
+    with pytest.raises(ValueError, match="path"):
+        bench_tick(Config(), [10], 1, path="vast")
+
+
+def _check_sizes(doc: dict[str, Any], sizes: list[int], ticks: int) -> None:
+    assert [r["instances"] for r in doc["sizes"]] == sizes
     for r in doc["sizes"]:
-        assert r["ticks"] == 2
-        assert set(r["phases_ms"]) == set(PHASES)
+        assert r["ticks"] == ticks and r["mix_stable"]
+        assert set(r["phases_ms"]) == set(doc["phases"])
         assert all(v >= 0 for v in r["phases_ms"].values())
         for phase in ("history", "track", "facts", "match", "decide", "journal"):
             assert r["phases_ms"][phase] > 0, phase
@@ -40,16 +71,19 @@ def test_bench_tick_reports_every_phase_per_size(capsys: pytest.CaptureFixture[s
         # one fleet fact, two sensors, two demands, one fact per instance
         assert r["facts"] == r["instances"] + 5
         assert r["matches"] > 0 and sum(r["decisions"].values()) > 0
-    # the controller's functions are put back after the run
-    assert (loop.advance, loop.build_facts, loop.decide, guards.check) == patched_before
 
 
 def test_bench_tick_prints_a_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "tick", "--instances", "10", "--repeat", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split()[:2] == ["N", "sense"] and "ratio" in lines[0]
+    assert lines[0].split()[:3] == ["N", "sense", "vast_list"] and "ratio" in lines[0]
+    assert "sim" in lines[0].split() and lines[2].startswith("(real path;")
     assert lines[1].split()[0] == "10"
     assert len(lines[1].split()) == len(lines[0].split()) - 2  # "x trivial", "RSS MB"
+    synthetic = render_tick(bench_tick(Config(), [10], 1, path="synthetic")).splitlines()
+    assert synthetic[0].split()[:3] == ["N", "sense", "history"]
+    assert "sim" not in synthetic[0].split() and synthetic[2].startswith("(synthetic path;")
+    assert len(synthetic[1].split()) == len(synthetic[0].split()) - 2
 
 
 def test_bench_tick_rejects_bad_sizes(capsys: pytest.CaptureFixture[str]) -> None:
@@ -74,6 +108,60 @@ def test_the_synthetic_fleet_has_the_stated_mix() -> None:
         "params",
         "bench",
     }
+
+
+# the mix of 200 as the controller sees it once the probe failures persist (status/stage/daemon/
+# sidecar): the simulated boot stages registered and params are both "params" to the controller
+# (the agent registered, parameters not fetched yet); provisioning and loading are not probed
+MIX_200 = {"exited/running/down/down": 2, "loading/loading/unknown/down": 1,
+           "provisioning/provisioning/unknown/down": 2, "running/bench/up/up": 2,
+           "running/params/unknown/up": 1, "running/running/down/up": 4,
+           "running/running/up/up": 188}  # fmt: skip
+
+
+def test_the_real_path_times_the_sensing_seams_on_the_same_mix_every_tick() -> None:
+    doc = bench_tick(Config(), [200], 3)
+    (r,) = doc["sizes"]
+    assert r["ticks"] == 3 and r["facts"] == 205  # fleet, 2 sensors, PoRep + all, 200 instances
+    assert all(v >= 0 for v in r["phases_ms"].values())
+    for phase in ("vast_list", "curio", "health", "records"):
+        assert r["phases_ms"][phase] > 0, phase
+    assert r["mix"] == MIX_200 and r["mix_stable"]
+    calls = r["wire_calls"]  # during the 3 measured ticks, at the simulated seams
+    assert calls["vast.list"] == 3 * math.ceil(200 / 25)  # every page of every listing
+    assert calls["curio.demand"] == calls["curio.machines"] == calls["curio.liveness"] == 3
+    probed = sum(v for k, v in MIX_200.items() if k.split("/")[1] in ("bench", "running"))
+    assert calls["probes.status"] == 3 * probed
+    assert r["sim_ms"]["vast"] > 0 and sum(r["sim_ms"].values()) < r["total_ms"]
+
+
+def test_the_real_path_is_the_production_fleet_path_on_a_world_put_back_each_tick(
+    tmp_path: Path,
+) -> None:
+    j = Journal(tmp_path / "j.db")
+    clock = [1_700_000_000.0]
+    c, bench = sim_controller(Config(), 200, j, clock)
+    assert isinstance(c.provider, RealFleet) and isinstance(c.demand, CurioDemand)
+    vast = c.provider.vast
+    assert isinstance(vast, VastProvider)
+    assert vast._client._session.get_adapter(VAST_URL + "/api/") is bench.wire.vast
+    records = bench.store.records()  # every agent whose container ran, linked by the listing
+    assert len(records) == 197  # all but the 3 provisioning or loading
+    assert all(r.vast_id and r.machine_id and r.host_and_port for r in records.values())
+    mixes, done = [], Counter[str]()
+    for step in (240.0, 240.0, 30.0, 30.0, 30.0):
+        bench.prepare()
+        assert len(bench.sim.world.live_instances()) == 200  # launches and destroys undone
+        before = bench.calls()
+        mixes.append(mix(c.tick().observation.instances))
+        calls = bench.calls() - before
+        assert calls["vast.list"] == 8 and calls["curio.machines"] == 1
+        done += calls
+        clock[0] += step
+    assert mixes[1:] == [MIX_200] * 4  # the first tick has not seen the daemons down twice
+    assert done["vast.create"] > 0 and done["vast.destroy"] > 0  # it acts through the wire too
+    assert bench.wire.agents is not None and bench.wire.agents.service.calls["heartbeat"] > 200
+    j.close()
 
 
 def test_the_churning_fleet_replaces_churn_instances_per_tick_and_obeys_actions() -> None:

@@ -150,3 +150,34 @@ def test_only_an_explicit_override_exceeds_a_budget_cap_and_the_decision_says_so
     capped = ctx(fact("fleet", instances=5, spend_per_h=10.0), max_spend_per_hour=10.0,
                  max_launches_per_tick=1)  # fmt: skip
     assert one(over, capped).effective_params == {"count": 1}  # other caps still hold
+
+
+def test_launches_on_their_way_count_against_the_instance_and_spend_caps() -> None:
+    c = ctx(fact("fleet", instances=3, active=5, pending_launches=2, spend_per_h=1.5),
+            max_instances=6, max_spend_per_hour=10.0)  # fmt: skip
+    d = one(act("launch", count=4), c)
+    assert (d.verdict, d.params, d.guard) == ("act", {"count": 1}, "max_instances")  # 6 - 3 - 2
+    c = ctx(fact("fleet", instances=1, pending_launches=3, spend_per_h=0.5),
+            max_spend_per_hour=3.2, launch_dph_estimate=0.9)  # fmt: skip
+    d = one(act("launch", count=4), c)
+    assert (d.verdict, d.guard) == ("veto", "max_spend_per_hour")  # 0.5 + 3 x 0.9 on the way
+
+
+def test_an_unknown_curio_node_is_never_destroyed_and_a_person_is_asked() -> None:
+    inst = fact("instance", "i1", status="running", sidecar="unknown", tasks_running=0)
+    checked, doubts = guards.check([act("destroy", instance="i1")], ctx(inst))
+    assert checked[0].verdict == "veto" and "Curio node is unknown" in checked[0].why
+    assert [(x.kind, x.subject, x.key) for x in doubts] == [
+        ("guard_veto", "instance:i1", {"guard": "unknown_node"})]  # fmt: skip
+
+
+def test_nothing_is_put_to_a_person_that_would_do_nothing() -> None:
+    asked = Decision(Proposal("scale_to", {"count": 2}, "rule:r", "why"), "ask", "propose")
+    [d], _ = guards.check([asked], ctx(fact("fleet", active=2)))
+    assert d.verdict == "noop" and "not put to a person" in d.why
+    [d], doubts = guards.check([asked], ctx(fact("fleet", active=1, instances=1),
+                                            max_instances=1))  # fmt: skip
+    assert (d.verdict, d.guard) == ("veto", "max_instances")  # an approval would not help
+    assert [x.key for x in doubts] == [{"guard": "max_instances"}]  # the cap says so itself
+    [d], _ = guards.check([asked], ctx(fact("fleet", active=1)))
+    assert d.verdict == "ask"  # one more instance is worth asking about

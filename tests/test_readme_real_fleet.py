@@ -267,7 +267,6 @@ class World:
     api: str
     slack: Receiver
     root: Path
-    give_token: bool = True
     containers: dict[int, Container] = field(default_factory=dict)
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     foreign: dict[int, str] = field(default_factory=dict)  # id -> label
@@ -340,12 +339,6 @@ class World:
         env = {k: v for k, v in create_env.items() if ENV_NAME.fullmatch(k)}
         env |= {"VAST_CONTAINERLABEL": f"C.{c.iid}", "HOME": str(c.home), "LANG": "C.UTF-8",
                 "PATH": f"{c.home / 'bin'}:{BIN}:/usr/local/bin:/usr/bin:/bin"}  # fmt: skip
-        if self.give_token:
-            # WORKAROUND: neither the README nor the example config gives the instance the
-            # fleet token (the create's env has none, vast.env takes no secret refs), so the
-            # image is assumed to carry it. test_the_shipped_onstart_gets_what_the_agent_needs
-            # shows the gap.
-            env["FLEETGATE_FLEET_TOKEN"] = FLEET_TOKEN
         return env
 
     def boot(self, c: Container, fields: dict[str, Any]) -> None:
@@ -361,8 +354,6 @@ class World:
         c.env = self.container_env(c, create_env)
         (c.home / "cuzk.alive").write_text(f"{time.time()}\n")
         assert self.run_done(c, create["onstart"], 10) == 0  # `... &`: bash returns at once
-        if not self.give_token:
-            return
         store = self.app.lifecycle
         wait_for(f"instance {c.iid} ({c.label}) registers through its agent",
                  lambda: store.record(c.label) is not None, 30, c.log)  # fmt: skip
@@ -550,19 +541,21 @@ def test_the_shipped_onstart_gets_what_the_agent_needs(world: World) -> None:
     """README: the agent reads FLEETGATE_URL, FLEETGATE_FLEET_TOKEN and FLEETGATE_LABEL. A
     launch with the example config gives the container the create's env and vast's own
     variables: does the onstart register with that alone?"""
-    world.give_token = False
     world.db.post("PoRep", 2, age_s=11 * 60)
     world.tick()
     assert [e["id"] for e in world.approve("scale_to")]
     world.tick(3)  # launched, then vast boots it: the onstart runs
     [c] = world.containers.values()
     assert c.booted
-    wait_for("the onstart's agent finishes", lambda: all(not group_members(g) for g in c.groups),
-             30, c.log)  # fmt: skip
-    assert "FLEETGATE_FLEET_TOKEN" not in c.env
-    assert world.app.lifecycle.record(c.label) is not None, (
-        "the shipped onstart did not register: the container env from a launch with "
-        f"vast-curio.yaml is {sorted(c.env)}; the agent said: {c.log()}"
+    store = world.app.lifecycle
+    wait_for("the onstart's agent registers or gives up",
+             lambda: store.record(c.label) is not None
+             or all(not group_members(g) for g in c.groups), 30, c.log)  # fmt: skip
+    [create] = [r.body for r in world.vast.of("create")]
+    assert store.record(c.label) is not None, (
+        "the shipped onstart did not register: a launch with vast-curio.yaml gives the "
+        f"container the env {sorted(create['env'])} (plus vast's VAST_CONTAINERLABEL); "
+        f"the agent said: {c.log()}"
     )
 
 
@@ -691,7 +684,10 @@ def test_the_readme_fleet_end_to_end(world: World) -> None:
             f"{sorted(w.own())} are still on the account with no escalation pending "
             f"({len(w.pending())} pending); the rule's destroy is journaled as asked every "
             "tick, but its approval has the fingerprint of the executed one, so it is not "
-            "raised again within the 1 h dedup window. Journal:\n" + w.journal_tail(6)
+            "raised again within the 1 h dedup window. "
+            + w.escalation_summary()
+            + ". Journal:\n"
+            + w.journal_tail(6)
         )
         # WORKAROUND: a person has nothing to approve: tick on (approving what comes)
         assert w.tick_until(lambda: not w.own(), 200, approve="destroy"), (
@@ -699,18 +695,20 @@ def test_the_readme_fleet_end_to_end(world: World) -> None:
         )
         w.notes.append(f"drained instances destroyed {w.clock() - drained_at:.0f} s "
                        "(virtual) after the drain")  # fmt: skip
-    for r in w.app.journal.actions(100_000):
-        esc_id = r["escalation_id"]
-        if r["verdict"] == "veto" and r["proposer"].startswith("human:") and esc_id:
-            e = w.app.journal.escalation(esc_id)
-            w.deviation(
-                f"step 3: escalation #{esc_id}, approved by a person, was vetoed at "
-                f"t+{r['at'] - w.start:.0f}s by {r['guard']} ({r['why']!r}), and it is not "
-                f"carried out on a later tick: the escalation is closed as {e and e['status']}, "
-                "and the rule's new proposal is not raised again within the dedup window. "
-                + w.escalation_summary()
-            )
     destroyed = w.executed("destroy")
+    for r in w.app.journal.actions(100_000):  # "the rest waits for the next tick"
+        if r["verdict"] == "veto" and r["proposer"].startswith("human:") and r["escalation_id"]:
+            later = [d["at"] for d in destroyed if d["target"] == r["target"] and d["at"] > r["at"]]
+            if not later or min(later) - r["at"] > 3 * TICK_S:
+                e = w.app.journal.escalation(r["escalation_id"])
+                w.deviation(
+                    f"step 3: escalation #{r['escalation_id']} ({r['action']} {r['target']}), "
+                    f"approved by a person, was vetoed at t+{r['at'] - w.start:.0f}s by "
+                    f"{r['guard']} ({r['why']!r}); the escalation is closed as "
+                    f"{e and e['status']} and the destroy came only "
+                    f"{min(later) - r['at'] if later else math.inf:.0f} s later, when the "
+                    "rule's proposal was put to a person again. " + w.escalation_summary()
+                )
     assert {r["params"]["instance"] for r in destroyed} == {str(a.iid), str(b.iid)}
     assert {r["proposer"] for r in destroyed} == {"human:api"}
     assert not w.own() and set(w.foreign) <= set(vast.instances)
@@ -728,6 +726,7 @@ def test_the_readme_fleet_end_to_end(world: World) -> None:
         assert w.tick_until(lambda: len(w.own()) == 1, 70, approve="scale_to"), w.journal_tail()
         w.notes.append(f"refill launched {w.clock() - returned:.0f} s (virtual) after the "
                        "tasks came back")  # fmt: skip
+    assert w.executed("launch")[-1]["params"] == {"count": 1}
     [new] = [c for c in w.containers.values() if not c.gone]
     assert w.tick_until(lambda: new.machine is not None, 4), "the new instance never booted"
     w.tick()
@@ -739,7 +738,10 @@ def test_the_readme_fleet_end_to_end(world: World) -> None:
     assert max(vast.creates_by_label.values()) == 1
     assert len(vast.creates_by_label) == 3
     assert all(label.startswith("fg-") for label in vast.creates_by_label)
-    assert w.requests_to(foreign) == []
+    assert w.requests_to(foreign) == []  # no show, update, reboot or destroy of theirs
+    untouchable = {f"instance:{i}" for i in foreign}
+    assert [r for r in w.app.journal.actions(100_000) if r["target"] in untouchable] == []
+    assert [e for e in w.app.journal.escalations() if e["subject"] in untouchable] == []
     assert set(w.foreign) <= set(vast.instances)
     assert {(f["id"], f["label"]) for f in status(w.app)["foreign"]} == {
         (str(i), label) for i, label in w.foreign.items()

@@ -88,6 +88,11 @@ class VastSettings(BaseModel):
     # -- what to launch
     image: str = Field(min_length=1)
     env: dict[str, str] = Field(default_factory=dict, description='e.g. {"-p 9821:9821": "1"}')
+    secret_env: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description="environment entries every create adds that are secrets (the instances' "
+        "token for the instance API); never logged or shown",
+    )
     onstart: str = ""
     disk_gb: float = Field(250.0, gt=0)
     runtype: str = Field("ssh", min_length=1, description="vast's CLI default is 'ssh'")

@@ -209,7 +209,9 @@ class VastClient:
         body: dict[str, Any] = {
             # the agent in the container reports under the launch label (vast's API label
             # can be empty even when the container's is set)
-            "client_id": "me", "image": s.image, "env": {**s.env, "FLEETGATE_LABEL": label},
+            "client_id": "me", "image": s.image,
+            "env": {**s.env, **{k: v.get_secret_value() for k, v in s.secret_env.items()},
+                    "FLEETGATE_LABEL": label},
             "disk": s.disk_gb,
             "label": label, "onstart": s.onstart, "runtype": s.runtype,
         }  # fmt: skip
@@ -369,7 +371,9 @@ class VastClient:
         """The request as `Session.request` would prepare it (the session's headers under
         ours; vast sets no cookies). A body-less one is prepared once and copied after: the
         listing sends the same first page every tick."""
-        key = (method, path, tuple(sorted(query.items())) if query else ()) if body is None else None
+        key = (
+            (method, path, tuple(sorted(query.items())) if query else ()) if body is None else None
+        )
         cached = self._prepared.get(key) if key is not None else None
         if cached is not None:
             return cached.copy()
