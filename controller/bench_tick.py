@@ -18,16 +18,16 @@ functions `Controller` calls: the provider's listing (sense; on the real path wh
 persistence, enrich); on the real path `VastProvider.list_instances` and `confirm_gone`
 (vast_list: HTTP, transport, parsing; also a `find_by_label` while acting), `CurioDemand.demand`
 and `machines` (curio), `RealFleet.check_health` (health: the probes), `LifecycleStore.records`,
-`record`, `link` (records: read and linked while listing; also a lookup to restart or drain
-while acting); on the synthetic path the demand is in sense. Then `journal.history` (history),
-`track.advance` (track), `build_facts` (facts), `engine.match` (match), `decide` (decide),
-`guards.check` (guards), `journal.save_tracks` and `record` (journal), `Actuator.execute` (act:
-on the real path HTTP to vast, the agents' command queue), the escalator's `raise_all` and
-`resolve_cleared` (escalate). Times are exclusive (a phase nested in another is not counted
-twice); `other` is the rest (rules reload check, approvals, follow-ups, launches in flight,
-agent command timeouts, the listing sanity check, the tick record, keeping probe failures).
-`sim` (real path) is the time inside the simulated vast, Curio rows and probes, already in the
-phases above: what a real fleet spends on the network instead.
+`record`, `link` (records: read and linked while listing; also a record looked up elsewhere in
+the tick, e.g. to restart or drain); on the synthetic path the demand is in sense. Then
+`journal.history` (history), `track.advance` (track), `build_facts` (facts), `engine.match`
+(match), `decide` (decide), `guards.check` (guards), `journal.save_tracks` and `record`
+(journal), `Actuator.execute` (act: on the real path HTTP to vast, the agents' command queue),
+the escalator's `raise_all` and `resolve_cleared` (escalate). Times are exclusive (a phase
+nested in another is not counted twice); `other` is the rest (rules reload check, approvals,
+follow-ups, launches in flight, agent command timeouts, the listing sanity check, the tick
+record, keeping probe failures). `sim` (real path) is the time inside the simulated vast, Curio
+rows and probes, already in the phases above: what a real fleet spends on the network instead.
 
 Beside the tick: the engine floor for the same facts, `Engine.match` of the shipped rules on
 the last tick's facts (assert + delete_state; like the tick, it asserts only the fields the

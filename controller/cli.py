@@ -11,7 +11,7 @@ fleetgate [--config FILE] [--state DIR] COMMAND
   status [--json]
   llm-check [--threshold R]    probe the configured LLM; exit 1 below the threshold
   bench sim [--ticks N] [--seed S]   time whole ticks on the simulator
-  bench tick [--instances N,N] [--repeat N]   one tick's phases on synthetic fleets
+  bench tick [--instances N,N] [--repeat N] [--path real|synthetic]   one tick's phases at N
   bench soak [--ticks N] [--instances N]   memory over many ticks (RSS at start and end)
   simulate --trace FILE [--days N] [--report DIR]   replay a trace: fleetgate vs baselines
   pause | resume
@@ -117,7 +117,7 @@ def _parser() -> argparse.ArgumentParser:
     bsoak.add_argument("--churn", type=int, default=10, help="instances replaced per tick")
     bsoak.add_argument("--sample-every", type=int, default=10_000, help="ticks between samples")
     bsoak.add_argument("--json", action="store_true")
-    btick = bench_sub.add_parser("tick", help="one tick's phases on synthetic fleets of N")
+    btick = bench_sub.add_parser("tick", help="one tick's phases on fleets of N instances")
     btick.add_argument(
         "--instances",
         default="10,100,1000,10000",
@@ -129,6 +129,13 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=5,
         help="measured ticks per size (at most 3 from 10,000 instances)",
+    )
+    btick.add_argument(
+        "--path",
+        choices=["real", "synthetic"],
+        default="real",
+        help="real: the production fleet path (vast client, Curio sensor, probes, agent "
+        "records) on a simulated world; synthetic: a listing that costs nothing (default: real)",
     )
     btick.add_argument("--json", action="store_true")
     check_llm = sub.add_parser("llm-check", help="probe the configured LLM's tool calling")
@@ -216,7 +223,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"fleetgate: {exc}", file=sys.stderr)
             return 2
-        doc = bench_tick(config, sizes, max(args.repeat, 1))
+        doc = bench_tick(config, sizes, max(args.repeat, 1), path=args.path)
         _emit(doc) if args.json else print(render_tick(doc))
         return 0
     if args.command == "bench":

@@ -112,7 +112,7 @@ def test_the_synthetic_fleet_has_the_stated_mix() -> None:
 
 # the mix of 200 as the controller sees it once the probe failures persist (status/stage/daemon/
 # sidecar): the simulated boot stages registered and params are both "params" to the controller
-# (the agent registered, parameters not fetched yet); provisioning and loading are not probed
+# (the agent registered, parameters not fetched yet); before the benchmark nothing is probed
 MIX_200 = {"exited/running/down/down": 2, "loading/loading/unknown/down": 1,
            "provisioning/provisioning/unknown/down": 2, "running/bench/up/up": 2,
            "running/params/unknown/up": 1, "running/running/down/up": 4,
