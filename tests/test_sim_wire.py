@@ -77,3 +77,26 @@ def test_a_restart_goes_to_the_agent_not_to_a_vast_reboot(tmp_path: Path) -> Non
     assert app.wire.agents.service.calls["command_done"] >= 1
     assert app.wire.vast.calls["reboot"] == 0
     app.close()
+
+
+def test_an_account_of_more_than_ten_thousand_instances_is_listed_whole() -> None:
+    """401 pages of 25: the listing used to stop at 400 pages and fail every tick from then on."""
+    import requests
+    from pydantic import SecretStr
+
+    from controller.providers.vast import VastClient, VastSettings
+    from controller.sim import SimConfig, Simulation
+    from controller.sim.vast_api import SimVastAPI
+
+    sim = Simulation(SimConfig(machines=10_010, foreign_instances=1), seed=3)
+    free = sorted(set(sim.world.machines) - sim.world.busy_machines())
+    for n, machine in enumerate(free[:10_000]):
+        sim.world.launch_on(machine, f"fg-{n}", sim.now())
+    session = requests.Session()
+    api = SimVastAPI(sim, "key")
+    api.mount(session, "https://console.vast.ai")
+    settings = VastSettings(api_key=SecretStr("key"), image="img",
+                            min_interval_s=dict.fromkeys(("list", "other"), 0.0))  # fmt: skip
+    client = VastClient(settings, session, clock=sim.now, sleep=lambda s: None)
+    listed = VastProvider(client, settings).list_instances()
+    assert len(listed) == 10_001 and api.calls["list"] == 401

@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PAGE_LIMIT = 25  # vast's maximum page size for the v1 instance list
-MAX_PAGES = 400  # 10,000 instances: more means the cursor is going round in circles
+MAX_PAGES = 4000  # 100,000 instances: more means the cursor is going round in circles
 _SNIPPET = 160
 _BAD_REQUEST = (
     requests.exceptions.InvalidURL,

@@ -46,6 +46,7 @@ class World:
         self.start: float = state["start"]
         self.machines = {m["machine_id"]: Machine.from_json(m) for m in state["machines"]}
         self._instances = {i["id"]: SimInstance.from_json(i) for i in state["instances"]}
+        self._by_id: list[SimInstance] | None = None  # live_instances(), until one comes or goes
         self._next_instance_id: int = state["next_instance_id"]
         self.queue = TaskQueue.from_json(state["queue"])
         self._next_arrival_at: float | None = state["next_arrival_at"]
@@ -200,8 +201,11 @@ class World:
     # --- operations
 
     def live_instances(self) -> list[SimInstance]:
-        """Instances not destroyed, by numeric id."""
-        return sorted(self._instances.values(), key=lambda i: int(i.id))
+        """Instances not destroyed, by numeric id (one list, kept until an instance comes or
+        goes: the listing asks for it once per page). Don't change it."""
+        if self._by_id is None:
+            self._by_id = sorted(self._instances.values(), key=lambda i: int(i.id))
+        return self._by_id
 
     def get(self, instance_id: str) -> SimInstance:
         """The live instance `instance_id`; PermanentProviderError if there is none."""
@@ -252,6 +256,7 @@ class World:
         self._next_instance_id += 1
         inst = lifecycle.new_instance(instance_id, label, machine, now, self.config, self._rng)
         self._instances[instance_id] = inst
+        self._by_id = None
         self.counters.instances_launched += 1
         log.debug(
             "sim: launched %s (%r) on %s at %.0f", instance_id, label, machine.machine_id, now
@@ -266,6 +271,7 @@ class World:
         self.counters.close_billing(machine.dph, machine.num_gpus, inst.billed_s(now))
         self.counters.instances_destroyed += 1
         del self._instances[instance_id]
+        self._by_id = None
         self.account.forget(instance_id)
         log.debug("sim: destroyed instance %s at %.0f", instance_id, now)
 
