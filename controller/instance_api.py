@@ -154,7 +154,7 @@ class InstanceService:
             raise InstanceAPIError(404, str(exc)) from exc
         except StageOrderError as exc:
             raise InstanceAPIError(409, str(exc)) from exc
-        log.info("instance %s reported stage %s (rate %s)", label, stage, rate)
+        log.debug("instance %s reported stage %s (rate %s)", label, stage, rate)
         return {"label": label, "stage": record.stage}
 
     def heartbeat(self, label: str, body: Heartbeat) -> dict[str, Any]:
