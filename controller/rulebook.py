@@ -30,6 +30,8 @@ from controller import actions
 from controller.compile import definition
 from controller.expr import Expr, ExprError, compile_expr
 from controller.facts import FIELDS
+from controller.limits import MAX_PROBLEMS, cap, show
+from controller.regex_dialect import matches_problem
 from controller.yamlsrc import Located, LocatedList, YamlError, load
 
 OPERATORS = ("gt", "gte", "lt", "lte", "eq", "neq", "in", "matches", "exists")
@@ -46,6 +48,11 @@ class Problem:
     message: str
     rule: str | None = None
 
+    def __post_init__(self) -> None:  # a message names what was wrong, never echoes huge input
+        object.__setattr__(self, "message", cap(self.message))
+        if self.rule is not None:
+            object.__setattr__(self, "rule", cap(self.rule, 80))
+
     def __str__(self) -> str:
         where = f"rule {self.rule!r}: " if self.rule else ""
         return f"{self.path}:{self.line}: {where}{self.message}"
@@ -55,7 +62,10 @@ class RulesError(ValueError):
     """One or more rules files are invalid; `problems` says where and why."""
 
     def __init__(self, problems: list[Problem]) -> None:
-        super().__init__("\n".join(str(p) for p in problems))
+        lines = [str(p) for p in problems[:MAX_PROBLEMS]]
+        if len(problems) > MAX_PROBLEMS:
+            lines.append(f"… and {len(problems) - MAX_PROBLEMS} more problems")
+        super().__init__("\n".join(lines))
         self.problems = problems
 
 
@@ -138,16 +148,12 @@ def _check_value(op: str, value: Any, kinds_before: tuple[str, ...]) -> str | No
     if op == "matches":
         if not isinstance(value, str):
             return "operator 'matches' expects a regular expression string"
-        try:
-            re.compile(value)
-        except (re.error, OverflowError, RecursionError, ValueError) as exc:
-            return f"bad regular expression {value[:60]!r}: {exc}"
-        return None
+        return matches_problem(value)
     problem = _plain(value)
     if problem:
         return f"operator {op!r} {problem}"
     if op in _NEGATE and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        return f"operator {op!r} expects a number, got {value!r}"
+        return f"operator {op!r} expects a number, got {show(value)}"
     return None
 
 
@@ -157,7 +163,7 @@ def _plain(value: Any) -> str | None:
         return None
     if isinstance(value, float):
         return None if math.isfinite(value) else f"expects a finite number, got {value!r}"
-    return f"expects a number, string or boolean, got {type(value).__name__} {value!r}"
+    return f"expects a number, string or boolean, got {type(value).__name__} {show(value)}"
 
 
 def _check_pattern(
@@ -239,7 +245,7 @@ def _parse_rule(col: _Collector, raw: Any, line: int) -> Rule | None:
         col.add(
             at("name"),
             "rule needs a 'name' of lowercase letters, digits, '-', '_', '.' "
-            f"(at most 63 characters), got {name!r}",
+            f"(at most 63 characters), got {show(name)}",
         )
     for key in ("when", "then", "confidence"):
         if key not in raw:
@@ -259,11 +265,13 @@ def _parse_rule(col: _Collector, raw: Any, line: int) -> Rule | None:
         or not 0.0 <= confidence <= 1.0
     ):  # fmt: skip
         col.add(
-            at("confidence"), f"confidence must be a number from 0 to 1, got {confidence!r}", rname
+            at("confidence"),
+            f"confidence must be a number from 0 to 1, got {show(confidence)}",
+            rname,
         )
     priority = raw.get("priority", 0)
     if isinstance(priority, bool) or not isinstance(priority, int):
-        col.add(at("priority"), f"priority must be an integer, got {priority!r}", rname)
+        col.add(at("priority"), f"priority must be an integer, got {show(priority)}", rname)
     kinds = tuple(when) if isinstance(when, dict) and when else None
     params = _parse_then(col, raw.get("then"), at("then"), rname, kinds)
     if len(col.problems) > start or params is None or not isinstance(when, dict):
@@ -331,7 +339,7 @@ def _param_problem(
                 kind = Annotated[field.annotation, *field.metadata]
             TypeAdapter(kind).validate_python(value)
         except ValidationError as exc:
-            return f"action {action!r}: {key}: {exc.errors()[0]['msg']} (got {value!r})"
+            return f"action {action!r}: {key}: {exc.errors()[0]['msg']} (got {show(value)})"
     if kinds is None:
         return None
     unknown = expr.names - set(kinds) - {"settings", "now"}

@@ -1,6 +1,9 @@
 """YAML that remembers where each value came from, for `file:line` errors.
 
-Mappings load as `Located` dicts that know their own line and each key's line.
+Mappings load as `Located` dicts that know their own line and each key's line. Aliases
+(`*name`) may add at most `MAX_ALIAS_NODES` values to a document by expansion: a few hundred
+bytes of nested aliases ("billion laughs") would otherwise expand to gigabytes wherever the
+loaded value is walked or printed.
 """
 
 from __future__ import annotations
@@ -8,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+
+from controller.limits import MAX_ALIAS_NODES, cap
 
 
 class Located(dict[str, Any]):
@@ -25,8 +30,36 @@ class LocatedList(list[Any]):
     item_lines: list[int]
 
 
+def _expanded(node: yaml.Node, limit: int) -> int:
+    """How many values `node` stands for once its aliases are expanded; stops past `limit`
+    (so a cycle, or a huge expansion, costs at most `limit` steps)."""
+    count, todo = 0, [node]
+    while todo and count <= limit:
+        item = todo.pop()
+        count += 1
+        if isinstance(item, yaml.SequenceNode):
+            todo.extend(item.value)
+        elif isinstance(item, yaml.MappingNode):
+            todo.extend(n for pair in item.value for n in pair)
+    return count
+
+
 class _Loader(yaml.SafeLoader):
-    pass
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.alias_values = 0  # values aliases added so far
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent) and event.anchor in self.anchors:
+            left = MAX_ALIAS_NODES - self.alias_values
+            self.alias_values += _expanded(self.anchors[event.anchor], left)
+            if self.alias_values > MAX_ALIAS_NODES:
+                raise yaml.composer.ComposerError(
+                    None, None, f"aliases (*name) expand to more than {MAX_ALIAS_NODES} values "
+                    "(write the values out)", event.start_mark,  # type: ignore[arg-type]
+                )  # fmt: skip
+        return super().compose_node(parent, index)
 
 
 def _mapping(loader: _Loader, node: yaml.MappingNode) -> Located:
@@ -96,4 +129,4 @@ def load(text: str) -> Any:
 
 
 def _raise(line: int, message: str, exc: BaseException) -> Any:
-    raise YamlError(line, message) from exc
+    raise YamlError(line, cap(message)) from exc
