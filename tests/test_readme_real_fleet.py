@@ -689,7 +689,7 @@ def test_the_readme_fleet_end_to_end(world: World) -> None:
             + ". Journal:\n"
             + w.journal_tail(6)
         )
-        # WORKAROUND: a person has nothing to approve: tick on (approving what comes)
+        # a person has nothing to approve: tick on (approving what comes)
         assert w.tick_until(lambda: not w.own(), 200, approve="destroy"), (
             w.escalation_summary() + "\n" + w.journal_tail(40, interesting=True)
         )
