@@ -153,3 +153,20 @@ def peer(j: Journal) -> Journal:
         return Journal(PostgresStore(j.store._dsn, j.store.schema))
     assert j.path is not None
     return Journal(j.path)
+
+
+class FakeClock:
+    """The controller's clock (epoch seconds), virtual: only the test moves it, and the sleeps
+    of whatever it is handed to as `sleep` (the vast client's pacing and backoff)."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def sleep(self, seconds: float) -> None:
+        self.advance(seconds)

@@ -45,6 +45,7 @@ from fakes.curio_db import CurioDB
 from fakes.receiver import Receiver
 from fakes.vast_server import FakeVast, offer
 from psycopg import sql
+from support import FakeClock
 
 from controller.app import App, build, status
 from controller.config import Config, parse_config
@@ -89,19 +90,6 @@ case "$1" in
     exit 2 ;;
 esac
 """
-
-
-class FakeClock:
-    """The controller's clock (epoch seconds); only the test moves it."""
-
-    def __init__(self, start: float = 1_750_000_000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def cuzk_server(ip: str, alive: Path) -> ThreadingHTTPServer:
@@ -496,7 +484,7 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
         monkeypatch.setenv("FLEETGATE_API_TOKEN", API_TOKEN)
         monkeypatch.setenv("SLACK_WEBHOOK_URL", f"{slack.url}/services/T0/B0/readme")
         config = example_config(vast_url=vast.url, api_port=port, curio_schema=db.schema)
-        clock = FakeClock()
+        clock = FakeClock(1_750_000_000.0)
         seams = Seams.real()
         sleeps: list[float] = []
         seams.clock = clock

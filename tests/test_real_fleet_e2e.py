@@ -22,6 +22,7 @@ import pytest
 import requests
 from fakes.curio_db import CurioDB
 from fakes.vast_server import Empty, FakeVast, Lost, Status, offer
+from support import FakeClock
 
 from controller.app import App, build
 from controller.config import parse_config
@@ -64,26 +65,13 @@ class Cuzk:
         self.alive, self.started = True, time.time()
 
 
-class Clock:
-    """The controller's clock: virtual, moved by the test (and by the client's sleeps)."""
-
-    def __init__(self, now: float = 1_700_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-
 @dataclass
 class World:
     vast: FakeVast
     db: CurioDB
     app: App
     api: str
-    clock: Clock
+    clock: FakeClock
     cuzk: dict[int, Cuzk] = field(default_factory=dict)
     machines: dict[int, int] = field(default_factory=dict)  # vast id -> Curio machine id
     registered: set[int] = field(default_factory=set)
@@ -168,7 +156,7 @@ guards: {{scale_down_delay_after_up_s: 0, cooldowns_s: {{restart_daemon: 0}}}}
 escalation: {{channels: [file]}}
 """,
         )
-        clock = Clock()
+        clock = FakeClock()
         seams = Seams.real()
         seams.clock, seams.sleep = clock, clock.sleep  # the vast client's pacing and backoff
         app = build(cfg, tmp_path / "state", clock=clock, seams=seams)
