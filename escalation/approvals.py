@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from controller import actions
-from controller.guards import OVERRIDABLE
-from controller.journal import Journal
-from controller.model import Proposal
+from controller.core import actions
+from controller.core.guards import OVERRIDABLE
+from controller.core.model import Proposal
+from controller.store.journal import Journal
 
 
 class ApprovalError(ValueError):

@@ -111,7 +111,9 @@ class LLMAnswer:
     """One valid answer. `action is None` means the model chose escalate_to_human."""
 
     action: str | None
-    params: dict[str, Any]  # validated by controller.actions ({"reason"} for escalate_to_human)
+    params: dict[
+        str, Any
+    ]  # validated by controller.core.actions ({"reason"} for escalate_to_human)
     confidence: float
     rationale: str  # sanitized, capped at RATIONALE_CAP
     tokens: int

@@ -12,7 +12,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controller.actions import ACTIONS, ActionError, validate
+from controller.core.actions import ACTIONS, ActionError, validate
 from escalation.llm_errors import LLMInvalidAnswer, LLMUnavailable
 from escalation.llm_request import ESCALATE, RATIONALE_CAP, RAW_CAP
 from escalation.situation import sanitize

@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from controller.actions import ACTIONS
+from controller.core.actions import ACTIONS
 from escalation.llm import ESCALATE, LLMAnswer, LLMError
 from escalation.situation import Situation, sanitize, sanitize_fact
 

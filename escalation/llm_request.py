@@ -11,7 +11,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from controller.actions import ACTIONS, json_schema
+from controller.core.actions import ACTIONS, json_schema
 from escalation.llm_errors import LLMError
 from escalation.render import Renderer, RenderError, to_json
 from escalation.situation import Situation, sanitize, to_dict

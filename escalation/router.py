@@ -27,11 +27,11 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from controller.actions import ACTIONS
-from controller.decide import Doubt
-from controller.journal import Journal
-from controller.model import Proposal
-from controller.settings import Gate
+from controller.core.actions import ACTIONS
+from controller.core.decide import Doubt
+from controller.core.model import Proposal
+from controller.core.policy import Gate
+from controller.store.journal import Journal
 from escalation.notify import Notifier
 from escalation.render import iso8601
 from escalation.situation import Situation, fingerprint, sanitize_fact, should_escalate, to_dict

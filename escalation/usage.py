@@ -3,7 +3,7 @@ and are shared by `fleetgate tick` runs."""
 
 from __future__ import annotations
 
-from controller.journal import Journal
+from controller.store.journal import Journal
 
 
 class JournalUsage:

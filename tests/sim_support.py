@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.config import Config
-from controller.instance_api import InstanceService
-from controller.journal import Journal
-from controller.model import Demand, Health, Instance
-from controller.providers.base import LaunchRequest
+from controller.core.model import Demand, Health, Instance
+from controller.fleet.base import LaunchRequest
+from controller.fleet.instance_api import InstanceService
+from controller.service.config import Config
 from controller.sim import Simulation
 from controller.sim.agents import AgentSettings
 from controller.sim.wire import SimWire
+from controller.store.journal import Journal
 
 _HEALTH: dict[str, Health] = {"up": "up", "down": "down", "unknown": "unknown"}
 
@@ -72,7 +72,7 @@ class WorldView:
 def sim_fleet(sim: Simulation, journal: Journal, agents: dict[str, Any] | None = None
               ) -> tuple[Any, Any, SimWire]:  # fmt: skip
     """(fleet provider, demand sensor, wire): the production fleet path on `sim`'s wire."""
-    from controller import wiring
+    from controller.service import wiring
 
     wire = SimWire(sim, AgentSettings.model_validate(agents or {}))
     fleet, curio, store = wiring.real_fleet(Config(), journal, sim.now, wire.seams)

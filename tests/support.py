@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from controller.engine import Engine
-from controller.journal import Journal
-from controller.rulebook import Rulebook, load_texts
-from controller.ruletest import DEFAULTS
-from controller.store import JournalError, PostgresStore
+from controller.rules.engine import Engine
+from controller.rules.rulebook import Rulebook, load_texts
+from controller.rules.ruletest import DEFAULTS
+from controller.store.backend import JournalError, PostgresStore
+from controller.store.journal import Journal
 from escalation.render import iso8601
 
 

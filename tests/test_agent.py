@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-import controller.agent.fleetgate_agent as agent_module
-from controller.agent.fleetgate_agent import Unreachable, parse_status, with_retries
-from controller.api import Server, create_app
-from controller.instance_api import instance_router
-from controller.journal import Journal
-from controller.lifecycle import LifecycleStore
+import controller.fleet.agent.fleetgate_agent as agent_module
+from controller.fleet.agent.fleetgate_agent import Unreachable, parse_status, with_retries
+from controller.fleet.instance_api import instance_router
+from controller.service.api import Server, create_app
+from controller.store.journal import Journal
+from controller.store.records import LifecycleStore
 
 AGENT = Path(agent_module.__file__).resolve()
 BIN = Path(sys.executable).parent

@@ -10,8 +10,8 @@ import pytest
 import requests
 from pydantic import SecretStr
 
-from controller.api import Server, create_app
-from controller.journal import Journal
+from controller.service.api import Server, create_app
+from controller.store.journal import Journal
 
 TOKEN = "s3cret-answer-token"
 
@@ -101,7 +101,7 @@ def test_the_token_never_appears_in_responses_or_logs(
 def test_an_escalations_own_capability_answers_it_and_nothing_else(
     api: tuple[str, Journal, list[int]],
 ) -> None:
-    from controller.api_auth import answer_capability
+    from escalation.capabilities import answer_capability
 
     base, j, _ = api
     first, second = escalate(j), escalate(j)

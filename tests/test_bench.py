@@ -10,9 +10,18 @@ from typing import Any
 
 import pytest
 
-from controller import guards, loop
-from controller.bench_soak import ChurningFleet
-from controller.bench_tick import (
+from controller.core import guards
+from controller.fleet.base import LaunchRequest
+from controller.fleet.curio import CurioDemand
+from controller.fleet.observe import RealFleet
+from controller.fleet.vast import VastProvider
+from controller.service import tick as loop
+from controller.service.cli import main
+from controller.service.config import Config
+from controller.sim.wire import VAST_URL
+from controller.store.journal import Journal
+from controller.tools.bench.soak import ChurningFleet
+from controller.tools.bench.tick import (
     PHASES,
     REAL_PHASES,
     _controller,
@@ -20,15 +29,7 @@ from controller.bench_tick import (
     render_tick,
     synthetic_instances,
 )
-from controller.bench_world import mix, sim_controller
-from controller.cli import main
-from controller.config import Config
-from controller.journal import Journal
-from controller.providers.base import LaunchRequest
-from controller.providers.vast import VastProvider
-from controller.sensors.curio import CurioDemand
-from controller.sensors.fleet import RealFleet
-from controller.sim.wire import VAST_URL
+from controller.tools.bench.world import mix, sim_controller
 
 pytestmark = pytest.mark.usefixtures("restore_logging")  # `main` re-points the root logger
 
@@ -234,7 +235,7 @@ def test_a_cooldown_veto_is_one_veto_though_its_wording_counts_the_seconds(
 def test_the_cli_collects_garbage_less_often_than_cpython_by_default() -> None:
     import gc
 
-    from controller import gc_tuning
+    from controller.service import gc_tuning
 
     main(["check"])
     assert gc.get_threshold() == (gc_tuning.YOUNG, gc_tuning.OLDER, gc_tuning.OLDER)

@@ -15,7 +15,11 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FLEETGATE = [sys.executable, "-c", "import sys; from controller.cli import main; sys.exit(main())"]
+FLEETGATE = [
+    sys.executable,
+    "-c",
+    "import sys; from controller.service.cli import main; sys.exit(main())",
+]
 
 
 def fg(*args: str, check: bool = True, **kw: Any) -> subprocess.CompletedProcess[str]:

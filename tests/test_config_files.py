@@ -15,8 +15,8 @@ import pytest
 import yaml
 from support import EXPECT, cases, read, rel
 
-from controller import cli
-from controller.config import Config, ConfigError, load_config, parse_config
+from controller.service import cli
+from controller.service.config import Config, ConfigError, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "config"

@@ -19,9 +19,9 @@ from fakes.curio_db import CurioDB, SilentServer
 from psycopg import sql
 from pydantic import ValidationError
 
-from controller.model import Demand
-from controller.providers.base import DemandSensor, SensorError, StaleReading
-from controller.sensors.curio import CurioDemand, CurioSettings, connect, summarize
+from controller.core.model import Demand
+from controller.fleet.base import DemandSensor, SensorError, StaleReading
+from controller.fleet.curio import CurioDemand, CurioSettings, connect, summarize
 
 DSN = os.environ.get("FLEETGATE_TEST_PG_DSN", "host=127.0.0.1 port=5432 dbname=test user=postgres")
 PASSWORD = "Pw-" + secrets.token_hex(8)

@@ -6,10 +6,11 @@ from typing import Any
 
 from support import book_of, fact
 
-from controller.decide import decide
-from controller.engine_types import Match
-from controller.model import Proposal
-from controller.settings import DecideSettings, Gate
+from controller.core.decide import decide
+from controller.core.matches import Match
+from controller.core.model import Proposal
+from controller.core.policy import DecideSettings, Gate
+from controller.rules.fire import proposals_from
 
 BOOK = book_of("""
 rules:
@@ -50,7 +51,9 @@ def fired(rule: str, **facts: str) -> Match:
 
 def run(facts: list[dict[str, Any]], matches: list[Match], settings: DecideSettings = S,
         extra: tuple[Proposal, ...] = ()) -> Any:  # fmt: skip
-    return decide(facts, matches, BOOK, settings, 1000.0, extra)
+    by_id = {str(f["id"]): f for f in facts}
+    fired = proposals_from(matches, by_id, BOOK, settings, 1000.0)
+    return decide(facts, matches, fired, settings, extra)
 
 
 def test_a_rule_firing_becomes_a_proposal_with_evaluated_params_and_acts() -> None:
@@ -156,6 +159,6 @@ def test_a_human_approval_skips_the_gate_but_not_the_guards() -> None:
 def test_the_action_name_type_lists_exactly_the_vocabulary() -> None:
     from typing import get_args
 
-    from controller.actions import ACTIONS, ActionName
+    from controller.core.actions import ACTIONS, ActionName
 
     assert get_args(ActionName) == tuple(ACTIONS)

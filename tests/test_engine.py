@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from support import book_of, engine_of, fact
 
-from controller.bench_tick import synthetic_instances
-from controller.engine import Engine, EngineError
-from controller.facts import build_facts
-from controller.model import Demand, Observation, SensorStatus
-from controller.rules_source import read_rulebook
-from controller.track import History
+from controller.core.facts import build_facts
+from controller.core.model import Demand, Observation, SensorStatus
+from controller.core.track import History
+from controller.rules.engine import Engine, EngineError
+from controller.rules.source import read_rulebook
+from controller.tools.bench.tick import synthetic_instances
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from fakes.openai_server import FakeOpenAI, RawBody, closed_port_url
 
-from controller.app import App, build
-from controller.config import Config, parse_config
+from controller.service.app import App, build
+from controller.service.config import Config, parse_config
 
 KEY = "sk-test-llm-key-0123456789"
 
@@ -153,7 +153,11 @@ def _cli(args: list[str], cfg: Path, state: Path) -> Any:
     import sys
 
     root = Path(__file__).resolve().parent.parent
-    cmd = [sys.executable, "-c", "import sys; from controller.cli import main; sys.exit(main())"]
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys; from controller.service.cli import main; sys.exit(main())",
+    ]
     env = dict(os.environ, FG_TEST_LLM_KEY=KEY)
     return subprocess.run([*cmd, "--config", str(cfg), "--state", str(state), *args], cwd=root,
                           capture_output=True, text=True, timeout=120, env=env)  # fmt: skip

@@ -14,7 +14,7 @@ from typing import Any
 from fakes.vast_server import Close, Empty, Lost
 from test_real_fleet_e2e import World, world  # noqa: F401 - the fixture
 
-from controller.app import status
+from controller.service.app import status
 
 
 def own_creates(w: World) -> int:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from controller.lifecycle import Record
-from controller.model import Instance
-from controller.providers.vast import to_instance
-from controller.sensors.fleet import Link, RealFleet, enrich, stage_of
+from controller.core.model import Instance
+from controller.fleet.observe import Link, RealFleet, enrich, stage_of
+from controller.fleet.vast import to_instance
+from controller.store.records import Record
 
 
 @dataclass
@@ -161,7 +161,7 @@ def test_the_controller_links_each_agent_to_its_instance_and_curio_node() -> Non
 
 
 def test_a_daemon_counts_as_down_only_after_failures_that_persist() -> None:
-    from controller.sensors.fleet import persisted
+    from controller.fleet.observe import persisted
 
     failures: dict[str, list[float]] = {}
     down, up = {"1": Check(False)}, {"1": Check(True, 5.0)}

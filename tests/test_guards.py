@@ -6,10 +6,10 @@ from typing import Any
 
 from support import fact
 
-from controller import guards
-from controller.model import Decision, Proposal
-from controller.settings import Guards
-from controller.track import History
+from controller.core import guards
+from controller.core.model import Decision, Proposal
+from controller.core.policy import Guards
+from controller.core.track import History
 
 NOW = 100_000.0
 

@@ -14,7 +14,13 @@ from typing import Any
 import pytest
 import requests
 
-from controller.health import DaemonHealth, check_daemon, check_many, mapped_port, status_target
+from controller.fleet.health import (
+    DaemonHealth,
+    check_daemon,
+    check_many,
+    mapped_port,
+    status_target,
+)
 
 STATUS = {
     "uptime_secs": 5025,

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 from sim_support import sim_fleet
 
-from controller.act import Actuator, Job
-from controller.journal import Journal
-from controller.model import Decision, Proposal
-from controller.providers.base import LaunchRequest
-from controller.settings import Guards
+from controller.core.model import Decision, Proposal
+from controller.core.policy import Guards
+from controller.core.track import BLOCK_MAX_S, BLOCK_S, History
+from controller.fleet.actuator import Actuator, Job
+from controller.fleet.base import LaunchRequest
 from controller.sim import SimConfig, Simulation
 from controller.sim.machines import choose_machine
-from controller.track import BLOCK_MAX_S, BLOCK_S, History
+from controller.store.journal import Journal
 
 DAY = 86_400.0
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from support import PG_DSN, journal_on, peer
 
-from controller import wiring
-from controller.config import ConfigError, parse_config
-from controller.journal import UPTIME_EVERY, Journal
-from controller.store import DuplicateKey, PostgresStore
-from controller.track import Event, Track
+from controller.core.track import Event, Track
+from controller.service import wiring
+from controller.service.config import ConfigError, parse_config
+from controller.store.backend import DuplicateKey, PostgresStore
+from controller.store.journal import UPTIME_EVERY, Journal
 
 BACKENDS = ["sqlite", "postgres"]
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 from test_launch_safety import ROOT, LateFleet, run
 
-from controller.app import decide_settings
-from controller.config import parse_config
-from controller.journal import Journal
-from controller.loop import Controller
-from controller.rules_source import RulesSource
+from controller.rules.source import RulesSource
+from controller.service.app import decide_settings
+from controller.service.config import parse_config
+from controller.service.tick import Controller
+from controller.store.journal import Journal
 from escalation.notify import Notifier
 from escalation.render import Renderer
 from escalation.router import Escalator

@@ -6,13 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from controller.app import decide_settings
-from controller.config import Config
-from controller.journal import Journal
-from controller.loop import Controller
-from controller.model import Demand, Instance
-from controller.providers.base import CreateOutcomeUnknown, LaunchRequest, SensorError
-from controller.rules_source import RulesSource
+from controller.core.model import Demand, Instance
+from controller.fleet.base import CreateOutcomeUnknown, LaunchRequest, SensorError
+from controller.rules.source import RulesSource
+from controller.service.app import decide_settings
+from controller.service.config import Config
+from controller.service.tick import Controller
+from controller.store.journal import Journal
 from escalation.notify import Notifier
 from escalation.render import Renderer
 from escalation.router import Escalator

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from support import journal_on, peer
 
-from controller.cli import main
-from controller.journal import Fence, Journal
-from controller.lease import Lease, read
-from controller.schedule import Runner
-from controller.store import JournalError, StaleLeader
+from controller.service.cli import main
+from controller.service.schedule import Runner
+from controller.store.backend import JournalError, StaleLeader
+from controller.store.journal import Fence, Journal
+from controller.store.lease import Lease, read
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

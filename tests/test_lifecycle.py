@@ -12,10 +12,10 @@ import requests
 from pydantic import SecretStr
 from support import journal_on
 
-from controller.api import Server, create_app
-from controller.instance_api import MAX_BODY_BYTES, MAX_PUSH_LINES, instance_router
-from controller.journal import Journal
-from controller.lifecycle import (
+from controller.fleet.instance_api import MAX_BODY_BYTES, MAX_PUSH_LINES, instance_router
+from controller.service.api import Server, create_app
+from controller.store.journal import Journal
+from controller.store.records import (
     MAX_LINE_CHARS,
     MAX_LOG_LINES,
     LifecycleStore,

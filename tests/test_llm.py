@@ -25,7 +25,7 @@ from fakes.openai_server import (
 )
 from pydantic import SecretStr, ValidationError
 
-from controller.actions import ACTIONS
+from controller.core.actions import ACTIONS
 from escalation.llm import (
     MAX_WAIT_S,
     LLMBudgetExceeded,

@@ -9,17 +9,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CORE = (
-    "controller.decide",
-    "controller.guards",
-    "controller.rulebook",
-    "controller.sanity",
+    "controller.core.decide",
+    "controller.core.guards",
+    "controller.rules.rulebook",
+    "controller.core.sanity",
     "escalation.situation",
 )
 FORBIDDEN = {
     "time", "datetime", "socket", "ssl", "http", "urllib", "requests", "sqlite3", "psycopg",
     "random", "secrets", "os", "subprocess", "threading", "durable", "apscheduler", "logging",
-    "controller.journal", "controller.engine", "controller.loop", "controller.act",
-    "controller.providers.sim", "controller.sim",
+    "controller.store", "controller.rules.engine", "controller.service", "controller.fleet",
+    "controller.sim",
 }  # fmt: skip
 
 
@@ -70,17 +70,17 @@ def test_decision_core_and_everything_it_imports_from_the_project_stay_pure() ->
 
 
 def test_the_purity_check_catches_an_offender(tmp_path: Path) -> None:
-    assert _forbidden("time") and _forbidden("controller.journal") and _forbidden("os.path")
-    assert not _forbidden("timeit_like") and not _forbidden("controller.model")
-    assert any(_forbidden(i) for i in _imports("controller.loop"))  # the shell does I/O
+    assert _forbidden("time") and _forbidden("controller.store.journal") and _forbidden("os.path")
+    assert not _forbidden("timeit_like") and not _forbidden("controller.core.model")
+    assert any(_forbidden(i) for i in _imports("controller.service.tick"))  # the shell does I/O
 
 
 def test_importing_the_core_loads_no_database_http_scheduler_or_rule_engine() -> None:
     code = (
         "import sys\n"
-        "import controller.decide, controller.guards, controller.rulebook\n"
+        "import controller.core.decide, controller.core.guards, controller.rules.rulebook\n"
         "bad = ('requests', 'sqlite3', 'psycopg', 'durable', 'durable_rules_engine', "
-        "'apscheduler', 'controller.journal', 'controller.engine')\n"
+        "'apscheduler', 'controller.store.journal', 'controller.rules.engine')\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in bad or m in bad))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
@@ -96,4 +96,4 @@ def test_only_the_engine_adapter_imports_durable_rules() -> None:
         module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
         if any(i == "durable" or i.startswith("durable.") for i in _imports(module)):
             importers.append(module)
-    assert importers == ["controller.engine"]
+    assert importers == ["controller.rules.engine"]

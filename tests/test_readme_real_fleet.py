@@ -47,8 +47,8 @@ from fakes.vast_server import FakeVast, offer
 from psycopg import sql
 from support import FakeClock
 
-from controller.app import App, build, status
-from controller.config import Config, parse_config
+from controller.service.app import App, build, status
+from controller.service.config import Config, parse_config
 from controller.sim.wire import Seams
 
 ROOT = Path(__file__).resolve().parent.parent

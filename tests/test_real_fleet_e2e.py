@@ -24,8 +24,8 @@ from fakes.curio_db import CurioDB
 from fakes.vast_server import Empty, FakeVast, Lost, Status, offer
 from support import FakeClock
 
-from controller.app import App, build
-from controller.config import parse_config
+from controller.service.app import App, build
+from controller.service.config import parse_config
 from controller.sim.wire import Seams
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -258,7 +258,7 @@ def test_an_empty_or_410_listing_changes_nothing_and_is_escalated_once(
 
 
 def test_status_shows_the_real_fleet_as_the_last_tick_saw_it(world: World) -> None:
-    from controller.app import status
+    from controller.service.app import status
 
     world.db.post("PoRep", 4)
     world.tick(4)
@@ -287,8 +287,8 @@ def test_a_restart_no_agent_picks_up_becomes_a_vast_reboot(world: World) -> None
 
 
 def test_a_drain_the_config_does_not_allow_fails_that_action_only(world: World) -> None:
-    from controller.providers.base import PermanentProviderError
-    from controller.sensors.fleet import RealFleet
+    from controller.fleet.base import PermanentProviderError
+    from controller.fleet.observe import RealFleet
 
     world.db.post("PoRep", 2)
     world.tick(4)

@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from controller.app import build
-from controller.config import Config
+from controller.service.app import build
+from controller.service.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,8 +67,8 @@ def test_sighup_rereads_the_rules(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"interval_s: 0.2\nrules: ['{rules}']\nescalation: {{channels: [file]}}\n")
     state = tmp_path / "s"
-    cmd = [sys.executable, "-c", "import sys; from controller.cli import main; sys.exit(main())",
-           "--config", str(cfg), "--state", str(state), "run"]  # fmt: skip
+    code = "import sys; from controller.service.cli import main; sys.exit(main())"
+    cmd = [sys.executable, "-c", code, "--config", str(cfg), "--state", str(state), "run"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)  # fmt: skip
     try:

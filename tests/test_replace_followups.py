@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from controller.journal import Journal
-from controller.loop import followups
-from controller.model import Instance, Observation, SensorStatus
+from controller.core.model import Instance, Observation, SensorStatus
+from controller.service.tick import followups
+from controller.store.journal import Journal
 
 OK = (SensorStatus("provider", "ok"), SensorStatus("demand", "ok"))
 NOW = 10_000.0

@@ -22,10 +22,10 @@ import pytest
 import yaml
 from support import EXPECT, cases, read, rel
 
-from controller import cli
-from controller.engine import Engine
-from controller.rulebook import Problem, RulesError, load_texts
-from controller.rules_source import read_rulebook
+from controller.rules.engine import Engine
+from controller.rules.rulebook import Problem, RulesError, load_texts
+from controller.rules.source import read_rulebook
+from controller.service import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "rules"
@@ -267,7 +267,11 @@ def fleetgate() -> list[str]:
     script = Path(sys.executable).with_name("fleetgate")
     if script.exists():
         return [str(script)]
-    return [sys.executable, "-c", "import sys; from controller.cli import main; sys.exit(main())"]
+    return [
+        sys.executable,
+        "-c",
+        "import sys; from controller.service.cli import main; sys.exit(main())",
+    ]
 
 
 @pytest.mark.usefixtures("restore_logging")

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from controller.app import build
-from controller.config import Config
-from controller.model import Instance, Observation, SensorStatus
-from controller.providers.base import StaleReading
-from controller.sanity import check_listing
+from controller.core.model import Instance, Observation, SensorStatus
+from controller.core.sanity import check_listing
+from controller.fleet.base import StaleReading
+from controller.service.app import build
+from controller.service.config import Config
 
 OK = (SensorStatus("provider", "ok"), SensorStatus("demand", "ok"))
 

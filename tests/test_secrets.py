@@ -107,7 +107,7 @@ def test_no_secret_in_prompts_messages_logs_or_the_journal(
         env = dict(os.environ, **SECRETS, FG_WEBHOOK_URL=f"{rx.url}/hook/{WEBHOOK_PATH}",
                    FG_SLACK_URL=f"{rx.url}/slack/{SLACK_PATH}")  # fmt: skip
         state = tmp_path / "state"
-        main = "import sys; from controller.cli import main; sys.exit(main())"
+        main = "import sys; from controller.service.cli import main; sys.exit(main())"
         cmd = [sys.executable, "-c", main,
                "--config", str(cfg), "--state", str(state), "--log-level", "DEBUG",
                "run", "--ticks", "40", "--seed", "7"]  # fmt: skip

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from controller.rules_source import read_rulebook, rule_files
-from controller.ruletest import Result, run_files
-from controller.yamlsrc import load
+from controller.rules.ruletest import Result, run_files
+from controller.rules.source import read_rulebook, rule_files
+from controller.rules.yamlsrc import load
 
 ROOT = Path(__file__).parent.parent
 RULES = ROOT / "rules"

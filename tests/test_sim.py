@@ -13,8 +13,8 @@ import pytest
 from sim_support import WorldView
 from support import NO_FAULTS
 
-from controller.model import STAGES, Demand, Instance
-from controller.providers.base import LaunchRequest, PermanentProviderError
+from controller.core.model import STAGES, Demand, Instance
+from controller.fleet.base import LaunchRequest, PermanentProviderError
 from controller.sim import SimConfig, Simulation
 from controller.sim.clock import VirtualClock
 from controller.sim.trace import load_trace

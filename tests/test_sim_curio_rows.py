@@ -21,9 +21,9 @@ from fakes.curio_db import CurioDB
 from psycopg import sql
 from support import NO_FAULTS
 
-from controller.model import Demand
-from controller.providers.base import SensorError, StaleReading
-from controller.sensors.curio import CurioDemand, CurioSettings
+from controller.core.model import Demand
+from controller.fleet.base import SensorError, StaleReading
+from controller.fleet.curio import CurioDemand, CurioSettings
 from controller.sim import SimConfig, Simulation
 from controller.sim.addresses import curio_node, operator_node
 from controller.sim.curio_rows import SimCurio, UnknownQuery
@@ -256,7 +256,7 @@ def test_an_unknown_query_raises(fleet: Fleet) -> None:
 
 
 def test_a_write_in_a_read_only_transaction_is_refused(fleet: Fleet) -> None:
-    from controller.sensors.curio import _SET_UNSCHEDULABLE
+    from controller.fleet.curio import _SET_UNSCHEDULABLE
 
     query = sql.SQL(_SET_UNSCHEDULABLE).format(
         schema=sql.Identifier("curio"), match=sql.SQL("{} = %s").format(sql.Identifier("id"))

@@ -18,13 +18,13 @@ import requests
 from pydantic import SecretStr
 from support import NO_FAULTS
 
-from controller.providers.base import (
+from controller.fleet.base import (
     LaunchRequest,
     PermanentProviderError,
     SensorError,
     TemporaryProviderError,
 )
-from controller.providers.vast import (
+from controller.fleet.vast import (
     CreateOutcomeUnknown,
     OfferGone,
     VastClient,

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controller.app import App, build, status
-from controller.config import Config
-from controller.lifecycle import LifecycleStore
-from controller.providers.vast import VastProvider
-from controller.sensors.curio import CurioDemand
-from controller.sensors.fleet import RealFleet
+from controller.fleet.curio import CurioDemand
+from controller.fleet.observe import RealFleet
+from controller.fleet.vast import VastProvider
+from controller.service.app import App, build, status
+from controller.service.config import Config
+from controller.store.records import LifecycleStore
 
 WORLD = {"boot_s": [30, 30], "pull_s": [30, 30], "register_s": [20, 20],
          "params_s": [60, 60], "bench_s": [60, 60], "stuck_fraction": 0.0,
@@ -84,7 +84,7 @@ def test_an_account_of_more_than_ten_thousand_instances_is_listed_whole() -> Non
     import requests
     from pydantic import SecretStr
 
-    from controller.providers.vast import VastClient, VastSettings
+    from controller.fleet.vast import VastClient, VastSettings
     from controller.sim import SimConfig, Simulation
     from controller.sim.vast_api import SimVastAPI
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from controller.cli import main
+from controller.service.cli import main
 from controller.sim.trace import TraceTask, load_trace
-from controller.simulate import baselines, operator
-from controller.simulate.model import BaselineParams
+from controller.tools.replay import baselines, operator
+from controller.tools.replay.results import BaselineParams
 
 ROOT = Path(__file__).resolve().parents[1]
 SLICE = ROOT / "tests" / "data" / "simulate_slice.csv"
@@ -139,12 +139,12 @@ def test_on_a_real_slice_the_oracle_is_below_the_static_fleet() -> None:
 
 
 def test_the_baselines_stay_pure() -> None:
-    """model, fifo and baselines import no files, clock, controller wiring or drawing."""
+    """results, fifo and baselines import no files, clock, controller wiring or drawing."""
     allowed = {"__future__", "collections", "collections.abc", "dataclasses", "heapq", "math",
                "typing", "controller.sim.trace", "controller.sim.config", "controller.sim.stats",
-               "controller.simulate.fifo", "controller.simulate.model"}  # fmt: skip
-    for name in ("model", "fifo", "baselines"):
-        tree = ast.parse((ROOT / "controller" / "simulate" / f"{name}.py").read_text())
+               "controller.tools.replay.fifo", "controller.tools.replay.results"}  # fmt: skip
+    for name in ("results", "fifo", "baselines"):
+        tree = ast.parse((ROOT / "controller" / "tools" / "replay" / f"{name}.py").read_text())
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         assert imported <= allowed, (name, imported - allowed)

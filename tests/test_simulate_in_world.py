@@ -16,9 +16,9 @@ from support import NO_FAULTS
 from controller.sim import SimConfig, Simulation
 from controller.sim.instance import LOST_STATUSES
 from controller.sim.trace import TraceTask
-from controller.simulate.in_world import Health, proportional_in_world
-from controller.simulate.model import BaselineParams
-from controller.simulate.run import write_tasks
+from controller.tools.replay.in_world import Health, proportional_in_world
+from controller.tools.replay.results import BaselineParams
+from controller.tools.replay.run import write_tasks
 
 EXACT: dict[str, Any] = {
     "machines": 10,

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from controller.facts import build_facts
-from controller.model import Instance, Observation, SensorStatus
-from controller.track import History, advance
+from controller.core.facts import build_facts
+from controller.core.model import Instance, Observation, SensorStatus
+from controller.core.track import History, advance
 
 OK = (SensorStatus("provider", "ok"), SensorStatus("demand", "ok"))
 

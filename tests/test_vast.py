@@ -28,15 +28,15 @@ from fakes.vast_server import (
 )
 from pydantic import SecretStr, ValidationError
 
-from controller.model import Instance
-from controller.providers.base import (
+from controller.core.model import Instance
+from controller.fleet.base import (
     LaunchRequest,
     PermanentProviderError,
     ProviderError,
     SensorError,
     TemporaryProviderError,
 )
-from controller.providers.vast import (
+from controller.fleet.vast import (
     CreateOutcomeUnknown,
     OfferGone,
     VastClient,
@@ -385,7 +385,7 @@ def test_a_create_whose_answer_is_lost_is_unknown_and_its_label_is_found_late(
     assert info.value.label == "fg-lost" and info.value.offer_id == 1
     assert isinstance(info.value, TemporaryProviderError)
     assert "looked for by its label" in str(info.value) and "'fg-lost'" in str(info.value)
-    from controller.providers.base import CreateOutcomeUnknown as Unknown
+    from controller.fleet.base import CreateOutcomeUnknown as Unknown
 
     assert isinstance(info.value, Unknown)  # the actuator catches the interface's type
     assert len(fake.of("create")) == 1  # never retried, never another offer

@@ -19,10 +19,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from controller.providers.base import PermanentProviderError
+from controller.fleet.base import PermanentProviderError
 from controller.sim.config import SimConfig
 from controller.sim.instance import SimInstance
-from controller.sim.lifecycle import Effect
+from controller.sim.instance_life import Effect
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The fleetgate agent on each simulated instance, calling the instance API as the real one does.
 
-The real agent (`controller/agent/fleetgate_agent.py`) runs in the container's boot script:
+The real agent (`controller/fleet/agent/fleetgate_agent.py`) runs in the container's boot script:
 `register` once the container runs, `stage params-done | bench-done --rate R | running` as the
 boot goes on, and a heartbeat loop that reports the daemon's state and runs the commands the
 controller queued. `SimAgents.step(now)` does the same for every simulated instance whose
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from controller.instance_api import (
+from controller.fleet.instance_api import (
     BenchDone,
     CommandDone,
     Heartbeat,

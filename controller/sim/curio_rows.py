@@ -1,6 +1,6 @@
 """Curio's tables as the simulated world fills them, answered below the wire.
 
-`SimCurio(world, now).connect` stands in for `controller.sensors.curio.connect`: the production
+`SimCurio(world, now).connect` stands in for `controller.fleet.curio.connect`: the production
 `CurioDemand` runs unchanged against it and reads, at the world's virtual now, the rows Curio's
 tables would hold (addresses from `controller.sim.addresses`):
 
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import psycopg
 from psycopg import sql
 
-from controller.sensors.curio import (
+from controller.fleet.curio import (
     _DEMAND,
     _LIVENESS,
     _MACHINES,

@@ -1,7 +1,7 @@
 """cuzk's status server on every simulated instance: the answers the health probe would get.
 
-`SimProbes.check_many` has the signature of `controller.health.check_many` and answers the same
-targets: (public address, public port) pairs that the controller took from vast's listing
+`SimProbes.check_many` has the signature of `controller.fleet.health.check_many` and answers
+the same targets: (public address, public port) pairs that the controller took from vast's listing
 (`public_ipaddr` and the `ports` mapping of 9821). A daemon that is up answers with its uptime;
 anything else (daemon down, container not running, nothing at that address) is down with the
 reason a real probe would give.
@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, TypeVar
 
-from controller.health import DaemonHealth
+from controller.fleet.health import DaemonHealth
 from controller.sim import addresses
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from controller.model import Demand
+from controller.core.model import Demand
 
 
 @dataclass

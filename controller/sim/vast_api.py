@@ -1,6 +1,6 @@
 """`SimVastAPI`: vast.ai's REST API answered by the simulated world, below the HTTP wire.
 
-Mounted on a `requests.Session`, it answers what `controller.providers.vast_client` sends with
+Mounted on a `requests.Session`, it answers what `controller.fleet.vast_client` sends with
 vast's paths, query encoding, JSON shapes and status codes, so the production client and
 provider run unchanged against the simulation (`calls` counts requests per endpoint):
 
@@ -41,7 +41,7 @@ from requests.adapters import BaseAdapter
 from requests.models import PreparedRequest, Response
 from requests.structures import CaseInsensitiveDict
 
-from controller.providers.base import PermanentProviderError
+from controller.fleet.base import PermanentProviderError
 from controller.sim import vast_views as views
 from controller.sim.config import SimConfig
 from controller.sim.simulation import Simulation

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
-from controller.providers.base import PermanentProviderError
+from controller.fleet.base import PermanentProviderError
 from controller.sim import vast_views as views
 from controller.sim.account import ForeignInstance
 from controller.sim.instance import SimInstance

@@ -1,6 +1,6 @@
 """The simulated world behind the production fleet path: what replaces the wire, and only that.
 
-`provider: sim` runs the same code as a real fleet (`controller.wiring.real_fleet`: the vast
+`provider: sim` runs the same code as a real fleet (`controller.service.wiring.real_fleet`: the vast
 client and provider, the Curio sensor, the health probes, the agent records and linking), with
 four seams answered by the simulator instead of the world outside:
 
@@ -28,7 +28,7 @@ from typing import Any
 import requests
 from pydantic import SecretStr
 
-from controller.instance_api import InstanceService
+from controller.fleet.instance_api import InstanceService
 from controller.sim.agents import AgentSettings, SimAgents
 from controller.sim.curio_rows import SimCurio
 from controller.sim.probes import SimProbes
@@ -54,8 +54,8 @@ class Seams:
 
     @classmethod
     def real(cls) -> Seams:
-        from controller.health import check_many
-        from controller.sensors.curio import connect
+        from controller.fleet.curio import connect
+        from controller.fleet.health import check_many
 
         return cls(requests.Session(), connect, check_many, time.monotonic, time.sleep)
 

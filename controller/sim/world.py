@@ -20,9 +20,10 @@ import random
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from controller.model import Demand
-from controller.providers.base import PermanentProviderError
-from controller.sim import account, lifecycle
+from controller.core.model import Demand
+from controller.fleet.base import PermanentProviderError
+from controller.sim import account
+from controller.sim import instance_life as lifecycle
 from controller.sim.account import Account
 from controller.sim.arrivals import draw_service_s, draw_task_name, next_synthetic_arrival
 from controller.sim.config import SimConfig

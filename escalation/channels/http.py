@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from controller.retry import reason, retry_delay
+from controller.fleet.retry import reason, retry_delay
 from escalation.channels.base import ChannelError
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ ntfy.json.j2 renders, the priority, and, when the controller's HTTP API is confi
 `Authorization: Bearer <that escalation's answer capability>`. Without both there are no
 buttons; the message still carries the CLI commands.
 
-The buttons never hold the API token itself: they hold `controller.api.answer_capability`
+The buttons never hold the API token itself: they hold `controller.service.api.answer_capability`
 (token, escalation id), an HMAC that can answer that one escalation and nothing else. It still
 travels inside the notification (ntfy keeps it in its cache, and every subscriber of the topic
 can read it and so answer that escalation): give ntfy a topic with access control. The access
@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from controller.api_auth import answer_capability
+from escalation.capabilities import answer_capability
 from escalation.channels.http import HttpClient, rendered_object, require
 
 MAX_MESSAGE_BYTES = 4000  # ntfy turns a message over 4096 bytes into an attachment, or refuses it

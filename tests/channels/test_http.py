@@ -8,7 +8,7 @@ import pytest
 import requests
 from fakes.receiver import Receiver
 
-from controller.retry import MAX_RETRY_AFTER_S
+from controller.fleet.retry import MAX_RETRY_AFTER_S
 from escalation.channels.base import ChannelError
 from escalation.channels.http import (
     HttpClient,

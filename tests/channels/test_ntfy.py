@@ -10,7 +10,7 @@ import pytest
 from fakes.receiver import Receiver
 from pydantic import SecretStr
 
-from controller.api_auth import answer_capability
+from escalation.capabilities import answer_capability
 from escalation.channels.base import ChannelError
 from escalation.channels.http import HttpClient
 from escalation.channels.ntfy import MAX_MESSAGE_BYTES, NtfyChannel, cap_bytes

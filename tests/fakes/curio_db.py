@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from controller.sensors.curio import create_schema
+from controller.fleet.curio import create_schema
 
 
 class CurioDB:

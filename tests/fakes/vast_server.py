@@ -6,7 +6,7 @@
         fake.advance(60)                  # instances boot: null -> loading -> running
         fake.requests, fake.creates_by_label, fake.instances
 
-It speaks what controller/providers/vast_client.py sends (the official CLI's requests):
+It speaks what controller/fleet/vast_client.py sends (the official CLI's requests):
 
     endpoint   request
     list       GET    /api/v1/instances/?limit=..&after_token=..  (paged, next_token)

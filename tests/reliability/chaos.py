@@ -123,7 +123,7 @@ class World:
         return min(max_instances, math.ceil((self.pending + self.running) / TASKS_PER_INSTANCE))
 
     def demand(self) -> list[Any]:
-        from controller.model import Demand
+        from controller.core.model import Demand
 
         return [Demand("PoRep", self.pending, self.running), Demand("all", self.pending,
                                                                     self.running)]  # fmt: skip
@@ -205,12 +205,12 @@ def _fault(endpoint: str, rng: random.Random, delay_s: float) -> Any:
 
 
 def provider_faults(n_faults: int, seed: int) -> dict[str, Any]:
-    from controller.app import decide_settings
-    from controller.config import Config
-    from controller.journal import Journal
-    from controller.loop import Controller
-    from controller.providers.vast import VastClient, VastProvider, VastSettings
-    from controller.rules_source import RulesSource
+    from controller.fleet.vast import VastClient, VastProvider, VastSettings
+    from controller.rules.source import RulesSource
+    from controller.service.app import decide_settings
+    from controller.service.config import Config
+    from controller.service.tick import Controller
+    from controller.store.journal import Journal
     from escalation.notify import Notifier
     from escalation.render import Renderer
     from escalation.router import Escalator
@@ -316,8 +316,8 @@ def provider_faults(n_faults: int, seed: int) -> dict[str, Any]:
 def fuzzed_rules(n: int, seed: int) -> dict[str, Any]:
     from test_rules_files import mutate
 
-    from controller.rulebook import RulesError, load_texts
-    from controller.rules_source import RulesSource, read_rulebook
+    from controller.rules.rulebook import RulesError, load_texts
+    from controller.rules.source import RulesSource, read_rulebook
 
     rng = random.Random(seed)
     shipped = sorted(SHIPPED.glob("*.yaml"))
@@ -463,9 +463,9 @@ def adversarial_llm(n: int, seed: int) -> dict[str, Any]:
 
     from fakes.openai_server import FakeOpenAI
 
-    from controller.app import build
-    from controller.config import parse_config
-    from controller.decide import Doubt
+    from controller.core.decide import Doubt
+    from controller.service.app import build
+    from controller.service.config import parse_config
 
     rng = random.Random(seed)
     harms = {"beyond_guards": 0, "invalid_acted": 0}
@@ -603,9 +603,9 @@ def secrets_scan(ticks: int = 40) -> dict[str, Any]:
     from fakes.openai_server import FakeOpenAI
     from fakes.receiver import Receiver
 
-    from controller.app import build
-    from controller.config import parse_config
-    from controller.secrets import Redactor
+    from controller.service.app import build
+    from controller.service.config import parse_config
+    from controller.service.secrets import Redactor
 
     needles = [*SECRETS.values(), HOOK_PATH]
     saved = {k: os.environ.get(k) for k in [*SECRETS, "FG_CHAOS_HOOK"]}

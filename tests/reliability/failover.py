@@ -6,7 +6,7 @@ the lease; the one that wins launches for the queue.
 
 failover(n)         the leader is killed with SIGKILL at a random moment while it works;
                     failover = seconds from the kill to the standby holding the lease (polled
-                    with `controller.lease.read` every 20 ms); the standby then acts.
+                    with `controller.store.lease.read` every 20 ms); the standby then acts.
 paused_leader(n)    the leader is stopped with SIGSTOP just after one of its creates reached
                     the provider (a launch in flight, more to go), until the standby holds the
                     lease; then SIGCONT: it wakes believing it leads.
@@ -43,15 +43,15 @@ from typing import Any
 from fakes.vast_server import Delay
 from reliability.procs import PG_DSN, Rig, wait_for
 
-from controller.journal import Journal
-from controller.lease import LeaseState, read
-from controller.store import PostgresStore
+from controller.store.backend import PostgresStore
+from controller.store.journal import Journal
+from controller.store.lease import LeaseState, read
 
 HARMS = ("shared_terms", "wrong_holder", "unfenced", "acts_after_loss", "slow_failovers",
          "duplicates")  # fmt: skip
 TTL_S = 4.0
 LEASE = f"ttl_s: {TTL_S}, renew_s: 1, margin_s: 1"
-SLACK_S = 0.0  # a dead leader is replaced within ttl_s (controller/lease.py)
+SLACK_S = 0.0  # a dead leader is replaced within ttl_s (controller/store/lease.py)
 ACTION = re.compile(r"^action #(\d+) (?!.* was interrupted: ).* by \S+: ")  # act.py's line
 LAUNCH = re.compile(r"^vast: launch '([^']+)' on offer")
 

@@ -35,7 +35,11 @@ ROOT = Path(__file__).resolve().parents[2]
 PG_DSN = os.environ.get(
     "FLEETGATE_TEST_PG_DSN", "host=127.0.0.1 port=5432 dbname=test user=postgres"
 )
-FLEETGATE = [sys.executable, "-c", "import sys; from controller.cli import main; sys.exit(main())"]
+FLEETGATE = [
+    sys.executable,
+    "-c",
+    "import sys; from controller.service.cli import main; sys.exit(main())",
+]
 VAST_KEY = "fake-vast-key-0123456789abcdef"
 
 

@@ -18,20 +18,20 @@ from typing import Any
 
 import pytest
 
-from controller import expr
-from controller.app import build
-from controller.config import Config
-from controller.decide import proposals_from
-from controller.engine import Engine, EngineError
-from controller.expr import ExprError, compile_expr
-from controller.rulebook import Rulebook, RulesError, load_texts
-from controller.rules_source import Reload, RulesSource, read_rulebook
-from controller.ruletest import DEFAULTS
-from controller.settings import DecideSettings
+from controller.core.policy import DecideSettings
+from controller.rules import expr
+from controller.rules.engine import Engine, EngineError
+from controller.rules.expr import ExprError, compile_expr
+from controller.rules.fire import proposals_from
+from controller.rules.rulebook import Rulebook, RulesError, load_texts
+from controller.rules.ruletest import DEFAULTS
+from controller.rules.source import Reload, RulesSource, read_rulebook
+from controller.service.app import build
+from controller.service.config import Config
 
 ROOT = Path(__file__).resolve().parents[2]
 MEMORY = 2 << 30
-CAP = 2_000  # characters of one error message (controller.limits.MAX_MESSAGE)
+CAP = 2_000  # characters of one error message (controller.rules.limits.MAX_MESSAGE)
 
 
 def isolated(body: str, data: Any, timeout: float = 10.0) -> Any:
@@ -51,7 +51,7 @@ def isolated(body: str, data: Any, timeout: float = 10.0) -> Any:
 
 
 CHECK = """
-from controller.rulebook import RulesError, load_texts
+from controller.rules.rulebook import RulesError, load_texts
 try:
     load_texts([("rules/x.yaml", DATA)])
     print(json.dumps([]))
@@ -59,11 +59,11 @@ except RulesError as exc:
     print(json.dumps([str(p) for p in exc.problems]))
 """
 TICK = """
-from controller.decide import proposals_from
-from controller.engine import Engine
-from controller.rulebook import load_texts
-from controller.ruletest import DEFAULTS
-from controller.settings import DecideSettings
+from controller.rules.fire import proposals_from
+from controller.rules.engine import Engine
+from controller.rules.rulebook import load_texts
+from controller.rules.ruletest import DEFAULTS
+from controller.core.policy import DecideSettings
 book = load_texts([("rules/x.yaml", DATA)])
 facts = [dict(DEFAULTS["instance"], kind="instance", id="i1", daemon="down")]
 matches = Engine(book).match(facts, 0.0)
@@ -157,8 +157,8 @@ def test_memory_and_recursion_errors_in_evaluation_are_rule_errors(
 RUNNING = """
 import shutil
 from pathlib import Path
-from controller.app import build
-from controller.config import Config
+from controller.service.app import build
+from controller.service.config import Config
 tmp = Path(DATA["tmp"])
 rules = tmp / "rules"
 shutil.copytree("rules", rules, ignore=shutil.ignore_patterns("tests"))
@@ -283,7 +283,7 @@ def test_an_engine_that_fails_to_build_for_any_reason_is_a_failed_reload(
     def refuses(book: Rulebook) -> Engine:
         raise EngineError(f"durable_rules refused the rules ({book.digest}): error code: 999")
 
-    monkeypatch.setattr("controller.rules_source.Engine", refuses)
+    monkeypatch.setattr("controller.rules.source.Engine", refuses)
     write_later(rules, MATCHES.format('"RTX 4090.*"'))
     reloaded = source.reload()
     assert reloaded is not None and not reloaded.ok and reloaded.digest == first.digest

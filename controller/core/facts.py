@@ -1,0 +1,118 @@
+"""Facts: the flat JSON objects rules match, built from an observation and tracked history.
+
+Pure: no I/O, no clock. Temporal fields (`stage_age_s`, `down_for_s`, `restarts_1h`, ...) come
+from the tracked history (`controller.core.track`), so every tick's matching is a fresh pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller.core.model import Observation
+from controller.core.track import History
+
+# Every field a rule may name, per fact kind (a typo in a rules file is an error, not a no-op).
+FIELDS: dict[str, frozenset[str]] = {
+    "instance": frozenset(
+        {
+            "id", "label", "machine_id", "host_id", "status", "stage", "daemon", "sidecar",
+            "gpu_name", "num_gpus", "dph", "tasks_running", "drained", "bench_rate",
+            "daemon_uptime_s", "status_msg", "age_s", "stage_age_s", "status_for_s",
+            "down_for_s", "restarts_1h", "deaths_1h", "idle_for_s", "host_blocked", "host_rate",
+            "replacing", "retiring",
+        }
+    ),
+    "demand": frozenset({"id", "task", "pending", "running", "oldest_pending_s", "max_retries"}),
+    "fleet": frozenset(
+        {
+            "id", "instances", "active", "serving", "booting", "dead", "drained",
+            "pending_launches",
+            "spend_per_h", "launches_1h", "pending", "running_tasks",
+        }
+    ),
+    "sensor": frozenset({"id", "name", "state", "detail"}),
+}  # fmt: skip
+
+DEAD_STATUSES = frozenset({"exited", "offline", "unknown"})
+
+
+def _instance_fact(inst: Any, hist: History, now: float) -> dict[str, Any]:
+    st = hist.instances.get(inst.id)
+    fact: dict[str, Any] = {
+        "kind": "instance",
+        "id": inst.id,
+        "label": inst.label,
+        "machine_id": inst.machine_id,
+        "host_id": inst.host_id,
+        "status": inst.status,
+        "stage": inst.stage,
+        "daemon": inst.daemon,
+        "sidecar": inst.sidecar,
+        "gpu_name": inst.gpu_name,
+        "num_gpus": inst.num_gpus,
+        "dph": inst.dph,
+        "tasks_running": inst.tasks_running,
+        "drained": inst.drained,
+        "status_msg": inst.status_msg,
+        "age_s": now - st.first_seen if st else 0.0,
+        "stage_age_s": now - st.stage_since if st else 0.0,
+        "status_for_s": now - st.status_since if st else 0.0,
+        "down_for_s": now - st.daemon_since if st and inst.daemon != "up" else 0.0,
+        "restarts_1h": hist.count(inst.id, "restart", now - 3600),
+        "deaths_1h": hist.count(inst.id, "death", now - 3600),
+        "idle_for_s": now - st.idle_since if st and st.idle_since is not None else 0.0,
+        "host_blocked": hist.host_blocked(inst.machine_id, now),
+        "replacing": inst.id in hist.replacing,
+        "retiring": inst.id in hist.retiring,
+    }
+    if inst.bench_rate is not None:
+        fact["bench_rate"] = inst.bench_rate
+    if inst.daemon_uptime_s is not None:
+        fact["daemon_uptime_s"] = inst.daemon_uptime_s
+    rate = hist.host_rates.get(inst.machine_id)
+    if rate is not None:
+        fact["host_rate"] = rate
+    return fact
+
+
+def fleet_fact(obs: Observation, hist: History, now: float) -> dict[str, Any]:
+    inst = obs.instances
+    dead = {i.id for i in inst if i.status in DEAD_STATUSES}
+    serving = sum(1 for i in inst if i.stage == "running" and i.status == "running")
+    total = next((d for d in obs.demand if d.task == "all"), None)
+    return {
+        "kind": "fleet",
+        "id": "fleet",
+        "instances": len(inst),
+        "active": sum(1 for i in inst if i.id not in hist.retiring and i.id not in dead)
+        + hist.pending_launches,
+        "pending_launches": hist.pending_launches,
+        "serving": serving,
+        "booting": sum(1 for i in inst if i.stage != "running" and i.id not in dead),
+        "dead": len(dead),
+        "drained": sum(1 for i in inst if i.drained),
+        "spend_per_h": round(sum(i.dph for i in inst), 4),
+        "launches_1h": hist.launches_since(now - 3600),
+        "pending": total.pending if total else 0,
+        # tasks on the fleet's own nodes: Curio's other nodes (the operator's own) may run
+        # proving tasks too, and those are not this fleet's capacity in use
+        "running_tasks": sum(i.tasks_running for i in inst),
+    }
+
+
+def build_facts(obs: Observation, hist: History, now: float) -> list[dict[str, Any]]:
+    """All facts of one tick. Ids are unique within the tick; the engine adds `sid`."""
+    facts: list[dict[str, Any]] = [fleet_fact(obs, hist, now)]
+    for s in obs.sensors:
+        facts.append(
+            {"kind": "sensor", "id": f"sensor:{s.name}", "name": s.name, "state": s.state,
+             "detail": s.detail}
+        )  # fmt: skip
+    for d in obs.demand:
+        facts.append(
+            {"kind": "demand", "id": f"demand:{d.task}", "task": d.task, "pending": d.pending,
+             "running": d.running, "oldest_pending_s": d.oldest_pending_s,
+             "max_retries": d.max_retries}
+        )  # fmt: skip
+    facts.extend(_instance_fact(i, hist, now) for i in obs.instances)
+    return facts

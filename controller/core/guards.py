@@ -1,0 +1,245 @@
+"""Guards: the limits every plan passes, whoever proposed it (a rule, the LLM, a human).
+
+Pure: no network, no database, no clock. Decisions are checked in order, and each one's effect
+(launches, removals, spend) counts against the budgets of the ones after it. A guard may veto,
+trim a count, turn `scale_to` into the `launch` it implies, or turn `destroy` into `drain`
+(drain before destroy). Vetoes that need a person (spend cap) become doubts to escalate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, cast
+
+from controller.core.actions import ActionName
+from controller.core.decide import Doubt
+from controller.core.model import Decision
+from controller.core.policy import Guards
+from controller.core.track import History
+
+_SENSING_HELD = frozenset({"launch", "scale_to", "replace", "destroy", "drain", "reboot"})
+
+
+@dataclass
+class _Budget:
+    """What this tick's earlier decisions already used."""
+
+    launched: int = 0
+    removed: int = 0
+    spend: float = 0.0
+
+
+@dataclass(frozen=True)
+class Context:
+    facts: dict[str, dict[str, Any]]
+    hist: History
+    limits: Guards
+    now: float
+
+    @property
+    def fleet(self) -> dict[str, Any]:
+        return self.facts.get("fleet", {})
+
+    def sensor_ok(self, name: str) -> bool:
+        fact = self.facts.get(f"sensor:{name}")
+        return fact is None or fact.get("state") == "ok"
+
+
+def _veto(d: Decision, guard: str, why: str) -> Decision:
+    return replace(d, verdict="veto", guard=guard, why=why)
+
+
+def _noop(d: Decision, why: str) -> Decision:
+    return replace(d, verdict="noop", why=why)
+
+
+def _launch_room(ctx: Context, b: _Budget, overridden: frozenset[str] = frozenset()
+                 ) -> tuple[int, str]:  # fmt: skip
+    """How many launches the limits allow now (less those overridden), and the tightest."""
+    lim, fleet = ctx.limits, ctx.fleet
+    # launches on their way (created, not listed yet) bill like listed instances
+    on_way = int(fleet.get("pending_launches", 0))
+    spend = float(fleet.get("spend_per_h", 0.0)) + on_way * lim.launch_dph_estimate
+    spend_left = lim.max_spend_per_hour - spend - b.spend
+    rooms = {
+        "max_instances": lim.max_instances - int(fleet.get("instances", 0)) - on_way - b.launched,
+        "max_launches_per_tick": lim.max_launches_per_tick - b.launched,
+        "max_launches_per_hour": lim.max_launches_per_hour - ctx.hist.launches_since(ctx.now - 3600)
+        - b.launched,
+        "max_spend_per_hour": math.floor(spend_left / lim.launch_dph_estimate + 1e-9),
+    }  # fmt: skip
+    rooms = {k: v for k, v in rooms.items() if k not in overridden} or {"override": 1_000_000}
+    name = min(rooms, key=lambda k: rooms[k])
+    return max(rooms[name], 0), name
+
+
+_CAPS = ("max_instances", "max_spend_per_hour")  # their vetoes escalate on their own
+OVERRIDABLE = ("max_instances", "max_launches_per_tick", "max_launches_per_hour",
+               "max_spend_per_hour")  # fmt: skip
+
+
+def _launch(d: Decision, count: int, ctx: Context, b: _Budget, doubts: list[Doubt]) -> Decision:
+    room, limit = _launch_room(ctx, b, frozenset(d.proposal.overrides))
+    if d.proposal.overrides:
+        d = replace(d, why=f"{d.why}; budget override by {d.proposal.proposer} "
+                    f"({', '.join(d.proposal.overrides)}), journaled")  # fmt: skip
+    if room <= 0:
+        if limit in ("max_spend_per_hour", "max_instances"):
+            doubts.append(
+                Doubt(
+                    "guard_veto",
+                    "fleet",
+                    f"{d.proposal.proposer} wants {count} more instance(s) but {limit} allows none",
+                    key={"guard": limit},
+                    proposals=(d.proposal,),
+                )
+            )
+        return _veto(d, limit, f"{limit} allows no launch now (wanted {count})")
+    n = min(count, room)
+    b.launched += n
+    b.spend += n * ctx.limits.launch_dph_estimate
+    if d.proposal.action == "replace":
+        return d
+    why = d.why if n == count else f"{d.why}; trimmed from {count} to {n} by {limit}"
+    return replace(
+        d, action="launch", params={"count": n}, why=why, guard="" if n == count else limit
+    )
+
+
+def _scale_to(d: Decision, ctx: Context, b: _Budget, doubts: list[Doubt]) -> Decision:
+    want = int(d.proposal.params["count"])
+    active = int(ctx.fleet.get("active", 0)) + b.launched
+    if want <= active:
+        return _noop(d, f"fleet has {active} active instance(s), target {want}")
+    return _launch(d, want - active, ctx, b, doubts)
+
+
+def _cooldown(d: Decision, ctx: Context) -> Decision | None:
+    action = d.effective_action
+    wait = ctx.limits.cooldowns_s.get(cast(ActionName, action))
+    last = ctx.hist.last_acted.get(f"{action}:{d.proposal.target}")
+    if wait and last is not None and ctx.now - last < wait:
+        return _veto(
+            d,
+            "cooldown",
+            f"{action} on {d.proposal.target} {ctx.now - last:.0f}s ago (cooldown {wait:.0f}s)",
+        )
+    return None
+
+
+def _destroy(d: Decision, inst: dict[str, Any], ctx: Context, b: _Budget,
+             doubts: list[Doubt]) -> Decision:  # fmt: skip
+    lim, fleet = ctx.limits, ctx.fleet
+    if inst.get("status") == "running" and inst.get("sidecar") == "unknown":
+        why = ("its Curio node is unknown (not in harmony_machines at its address): it may hold "
+               "tasks, and it cannot be drained first")  # fmt: skip
+        doubts.append(Doubt("guard_veto", f"instance:{inst.get('id')}",
+                            f"{d.proposal.proposer} wants to destroy instance {inst.get('id')}, "
+                            f"but {why}", facts=(inst,), key={"guard": "unknown_node"},
+                            proposals=(d.proposal,)))  # fmt: skip
+        return _veto(d, "drain_before_destroy", why)
+    healthy = inst.get("status") == "running" and inst.get("sidecar") == "up"
+    if healthy and not inst.get("drained"):
+        drained = replace(
+            d,
+            action="drain",
+            why=f"{d.why}; drain before destroy: its Curio node may still take tasks",
+            guard="drain_before_destroy",
+        )
+        return _cooldown(drained, ctx) or drained
+    if healthy and int(inst.get("tasks_running", 0)) > 0:
+        return _veto(
+            d,
+            "drain_before_destroy",
+            f"draining: {inst['tasks_running']} task(s) still running on it",
+        )
+    last_launch = max(ctx.hist.launches, default=None)
+    scale_down = healthy and inst.get("stage") == "running" and not inst.get("retiring")
+    if (
+        scale_down
+        and last_launch is not None
+        and ctx.now - last_launch < lim.scale_down_delay_after_up_s
+    ):
+        return _veto(
+            d,
+            "scale_down_delay",
+            f"launched {ctx.now - last_launch:.0f}s ago; no "
+            f"scale-down for {lim.scale_down_delay_after_up_s:.0f}s after a scale-up",
+        )
+    live = int(fleet.get("instances", 0))
+    if scale_down and live - b.removed - 1 < lim.min_instances:
+        return _veto(d, "min_instances", f"would leave fewer than {lim.min_instances} instance(s)")
+    cap = max(1, math.floor(live * lim.max_destroy_share_per_tick))
+    if b.removed + 1 > cap:
+        return _veto(
+            d,
+            "max_destroy_share_per_tick",
+            f"already removing {b.removed} of {live} this tick; the rest waits for the next tick",
+        )
+    b.removed += 1
+    return d
+
+
+def _on_instance(d: Decision, ctx: Context, b: _Budget, doubts: list[Doubt]) -> Decision:
+    action = d.proposal.action
+    inst = ctx.facts.get(str(d.proposal.params["instance"]))
+    if inst is None or inst.get("kind") != "instance":
+        return _noop(d, f"instance {d.proposal.params['instance']!r} is not in the fleet (gone?)")
+    if action == "destroy":
+        return _destroy(d, inst, ctx, b, doubts)
+    if action == "replace":
+        if inst.get("retiring"):
+            return _noop(d, "a replacement is already under way")
+        return _launch(d, 1, ctx, b, doubts)
+    if (
+        action == "restart_daemon"
+        and int(inst.get("restarts_1h", 0)) >= ctx.limits.crash_loop_limit
+    ):
+        return _veto(
+            d,
+            "crash_loop_limit",
+            f"{inst['restarts_1h']} restarts in the last hour "
+            f"(limit {ctx.limits.crash_loop_limit}): replace it instead",
+        )
+    return _cooldown(d, ctx) or d
+
+
+def check(decisions: Sequence[Decision], ctx: Context) -> tuple[list[Decision], list[Doubt]]:
+    """Every `act` decision through the guards; other verdicts pass unchanged, except that a
+    proposal waiting for approval (`ask`) that the guards would turn into nothing now (a noop,
+    or a veto by a budget cap, which escalates by itself) is that instead: nobody is asked to
+    approve a scale-up the fleet already has, or one the caps refuse. A veto that may lift
+    (paused, sensing, a cooldown) leaves the question to people."""
+    out: list[Decision] = []
+    doubts: list[Doubt] = []
+    b = _Budget()
+    for d in decisions:
+        if d.verdict == "ask":
+            probe = _one(replace(d, verdict="act"), ctx, _Budget(), doubts)
+            moot = probe.verdict == "noop" or (probe.verdict == "veto" and probe.guard in _CAPS)
+            out.append(replace(probe, why=f"{probe.why}; not put to a person") if moot else d)
+            continue
+        if d.verdict != "act":
+            out.append(d)
+            continue
+        out.append(_one(d, ctx, b, doubts))
+    return out, doubts
+
+
+def _one(d: Decision, ctx: Context, b: _Budget, doubts: list[Doubt]) -> Decision:
+    action = d.proposal.action
+    if ctx.limits.paused and action not in ("hold", "notify", "escalate"):
+        return _veto(d, "paused", "the controller is paused: nothing is acted on")
+    if action in _SENSING_HELD and not ctx.sensor_ok("provider"):
+        return _veto(d, "sensing", "the fleet listing failed or is stale: holding fleet changes")
+    if action in ("scale_to", "destroy") and not ctx.sensor_ok("demand"):
+        return _veto(d, "sensing", "demand is unknown (sensor failed or stale): holding scaling")
+    if action == "scale_to":
+        return _scale_to(d, ctx, b, doubts)
+    if action == "launch":
+        return _launch(d, int(d.proposal.params["count"]), ctx, b, doubts)
+    if "instance" in d.proposal.params:
+        return _on_instance(d, ctx, b, doubts)
+    return _cooldown(d, ctx) or d

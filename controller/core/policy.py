@@ -1,0 +1,106 @@
+"""The decision settings: the gate, the guards and the values rules may read.
+
+Pydantic models with `extra="forbid"`: an unknown key in the config is an error, not a no-op.
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from controller.core.actions import ActionName
+
+Mode = Literal["observe", "propose", "act"]
+
+
+class _Strict(BaseModel):
+    # strict: YAML's `yes` is not a count, "5" is not a number
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+_DEFAULT_COOLDOWNS: dict[ActionName, float] = {
+    "restart_daemon": 120.0, "reboot": 600.0, "drain": 60.0,
+}  # fmt: skip
+
+
+class Guards(_Strict):
+    """Limits every plan passes, whoever proposed it."""
+
+    min_instances: int = Field(0, ge=0, description="never destroy below this many live instances")
+    max_instances: int = Field(30, ge=0, description="never launch above this many live instances")
+    max_spend_per_hour: float = Field(30.0, ge=0, description="$/hour for the whole fleet")
+    launch_dph_estimate: float = Field(
+        0.90,
+        gt=0,
+        description="$/hour assumed for an instance not yet rented (the offer price cap)",
+    )
+    max_launches_per_hour: int = Field(30, ge=0)
+    max_launches_per_tick: int = Field(6, ge=0)
+    max_destroy_share_per_tick: float = Field(
+        0.10, gt=0, le=1, description="share of the live fleet removed per tick (at least one)"
+    )
+    scale_down_delay_after_up_s: float = Field(
+        600, ge=0, description="no idle scale-down for this long after a launch"
+    )
+    cooldowns_s: dict[ActionName, float] = Field(
+        default_factory=lambda: _DEFAULT_COOLDOWNS.copy(),
+        description="per action: seconds before the same action on the same target again",
+    )
+    crash_loop_limit: int = Field(
+        3, ge=1, description="daemon restarts in an hour after which restarting is refused"
+    )
+    replace_deadline_s: float = Field(
+        1800,
+        gt=0,
+        description="destroy the old instance this long after its replacement was "
+        "launched, even if the replacement is not running yet",
+    )
+    launch_pending_s: float = Field(
+        1800,
+        gt=0,
+        description="a launch not yet in the listing counts as capacity this long; "
+        "after it, unconfirmed, it is recorded as lost",
+    )
+    launch_unknown_s: float = Field(
+        300,
+        gt=0,
+        description="a launch whose create answered nothing clear (a 5xx, a timeout) counts as "
+        "capacity until good listings taken this long after it still lack its label; then it "
+        "is recorded as lost (vast lists a create within seconds)",
+    )
+    paused: bool = Field(False, description="the pause switch: decide and record, act on nothing")
+
+
+class Gate(_Strict):
+    """How much the controller may do alone."""
+
+    mode: Mode = "act"
+    actions: dict[ActionName, Literal["act", "propose"]] = Field(
+        default_factory=dict, description="per-action override of the global mode"
+    )
+    confidence_threshold: float = Field(0.8, ge=0, le=1)
+    weak_evidence_factor: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="confidence multiplier while a sensor is stale (a failed "
+        "sensor holds fleet changes instead)",
+    )
+    large_change_share: float = Field(
+        0.25,
+        gt=0,
+        le=1,
+        description="a plan removing more than this share of the fleet is doubtful",
+    )
+    large_change_factor: float = Field(0.7, gt=0, le=1)
+
+
+class DecideSettings(_Strict):
+    gate: Gate = Gate()
+    guards: Guards = Guards()
+    values: dict[str, Any] = Field(
+        default_factory=lambda: {"tasks_per_instance": 2},
+        description="named values rules read as `settings.NAME`",
+    )

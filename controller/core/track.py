@@ -1,0 +1,180 @@
+"""Tracked history: what the controller remembers between ticks, and how one tick updates it.
+
+`advance(history, observation, now)` is pure: it returns the new per-instance tracks and the
+events this tick revealed (stage and status changes, daemon deaths and restarts, benchmarks,
+instances that vanished). The journal stores both; `facts` derives temporal fields from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, NamedTuple
+
+from controller.core.model import Instance, Observation
+
+
+class Track(NamedTuple):
+    """One instance as remembered: when it entered its current stage, status and health.
+
+    A named tuple, not a dataclass: one is built per instance per tick, and at 10,000
+    instances a frozen dataclass's constructor alone costs about 10 ms a tick.
+    """
+
+    id: str
+    machine_id: str
+    first_seen: float
+    stage: str
+    stage_since: float
+    status: str
+    status_since: float
+    daemon: str
+    daemon_since: float
+    idle_since: float | None = None
+    bench_rate: float | None = None
+    ever_up: bool = False  # the daemon has run once: a later start is a restart
+    uptime: float | None = None  # last: changes every tick, so `t[:-1]` is all that matters
+
+
+@dataclass(frozen=True)
+class Event:
+    instance_id: str
+    at: float
+    kind: str  # seen, stage, status, death, restart, bench, gone
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+BLOCK_S = 86_400.0  # a host's first block
+BLOCK_MAX_S = 30 * 86_400.0  # the longest a block grows to
+
+
+@dataclass(frozen=True)
+class History:
+    """The slice of the journal one tick's decision needs."""
+
+    instances: dict[str, Track] = field(default_factory=dict)
+    events: tuple[Event, ...] = ()  # recent events (the last few hours)
+    host_rates: dict[str, float] = field(default_factory=dict)
+    host_blocks: dict[str, float] = field(default_factory=dict)  # machine -> blocked until
+    host_failures: dict[str, int] = field(default_factory=dict)  # machine -> blocks so far
+    launches: tuple[float, ...] = ()  # launch times, recent
+    last_acted: dict[str, float] = field(default_factory=dict)  # "action" or "action:target"
+    replacing: frozenset[str] = frozenset()  # new instances that replace another
+    retiring: frozenset[str] = frozenset()  # old instances waiting for their replacement
+    pending_launches: int = 0  # launched, not yet in the listing: capacity on its way
+
+    def count(self, instance_id: str, kind: str, since: float) -> int:
+        events = self._by_instance.get(instance_id)
+        if not events:  # most instances, most ticks
+            return 0
+        return sum(1 for e in events if e.kind == kind and e.at >= since)
+
+    @cached_property
+    def _by_instance(self) -> dict[str, list[Event]]:
+        """Events per instance, built once (a fact per instance asks; scanning all is N x E)."""
+        out: dict[str, list[Event]] = {}
+        for e in self.events:
+            out.setdefault(e.instance_id, []).append(e)
+        return out
+
+    def host_blocked(self, machine_id: str, now: float) -> bool:
+        return self.host_blocks.get(machine_id, 0.0) > now
+
+    def block_s(self, machine_id: str) -> float:
+        """How long a new block keeps the host out: a day the first time, doubling with each
+        block it already had (a crash-looping host is back in a day, then in 2, 4, ...), at
+        most `BLOCK_MAX_S`."""
+        return min(BLOCK_S * 2.0 ** min(self.host_failures.get(machine_id, 0), 16), BLOCK_MAX_S)
+
+    def launch_rates(self) -> dict[str, float]:
+        """Measured rates to rank offers by, where a host that was ever blocked counts as known
+        slow (0.0) whatever its benchmark: once its block ends it is rented last, not first."""
+        rates = dict(self.host_rates)
+        rates.update((machine, 0.0) for machine in self.host_failures)
+        return rates
+
+    def launches_since(self, since: float) -> int:
+        return sum(1 for t in self.launches if t >= since)
+
+
+def _first(inst: Instance, now: float) -> tuple[Track, list[Event]]:
+    idle = now if inst.stage == "running" and inst.tasks_running == 0 else None
+    track = Track(
+        id=inst.id, machine_id=inst.machine_id, first_seen=now, stage=inst.stage,
+        stage_since=now, status=inst.status, status_since=now, daemon=inst.daemon,
+        daemon_since=now, idle_since=idle, uptime=inst.daemon_uptime_s, bench_rate=inst.bench_rate,
+        ever_up=inst.daemon == "up",
+    )  # fmt: skip
+    events = [Event(inst.id, now, "seen", {"stage": inst.stage, "status": inst.status})]
+    if inst.bench_rate is not None:
+        events.append(Event(inst.id, now, "bench", _bench(inst)))
+    return track, events
+
+
+def _bench(inst: Instance) -> dict[str, Any]:
+    return {"machine_id": inst.machine_id, "rate": inst.bench_rate}
+
+
+def _step(old: Track, inst: Instance, now: float) -> tuple[Track, list[Event]]:
+    events: list[Event] = []
+    stage_since, status_since, daemon_since = old.stage_since, old.status_since, old.daemon_since
+    if inst.stage != old.stage:
+        events.append(Event(inst.id, now, "stage", {"from": old.stage, "to": inst.stage}))
+        stage_since = now
+    if inst.status != old.status:
+        events.append(Event(inst.id, now, "status", {"from": old.status, "to": inst.status}))
+        status_since = now
+    events += _daemon_events(old, inst, now)
+    if inst.daemon != old.daemon:
+        daemon_since = now
+    idle_since = None
+    if inst.stage == "running" and inst.tasks_running == 0:
+        idle_since = now if old.idle_since is None else old.idle_since
+    if inst.bench_rate is not None and inst.bench_rate != old.bench_rate:
+        events.append(Event(inst.id, now, "bench", _bench(inst)))
+    track = Track(old.id, old.machine_id, old.first_seen, inst.stage, stage_since, inst.status,
+                  status_since, inst.daemon, daemon_since, idle_since, inst.bench_rate,
+                  old.ever_up or inst.daemon == "up", inst.daemon_uptime_s)  # fmt: skip
+    return track, events
+
+
+def _daemon_events(old: Track, inst: Instance, now: float) -> list[Event]:
+    """Deaths and restarts, including one hidden between two ticks (uptime went backwards)."""
+    if old.daemon == "up" and inst.daemon == "down" and inst.status == "running":
+        return [Event(inst.id, now, "death", {"uptime_before": old.uptime})]
+    if old.daemon != "up" and inst.daemon == "up" and old.ever_up:
+        return [Event(inst.id, now, "restart", {"down_for_s": now - old.daemon_since})]
+    went_back = (
+        old.daemon == "up" and inst.daemon == "up" and old.uptime is not None
+        and inst.daemon_uptime_s is not None and inst.daemon_uptime_s < old.uptime
+    )  # fmt: skip
+    if went_back:
+        detail = {"uptime_before": old.uptime, "uptime_now": inst.daemon_uptime_s}
+        return [Event(inst.id, now, "death", detail), Event(inst.id, now, "restart", detail)]
+    return []
+
+
+def advance(hist: History, obs: Observation, now: float) -> tuple[dict[str, Track], list[Event]]:
+    """New tracks for every listed instance, and the events since the last tick.
+
+    When the provider sensor failed, nothing is marked gone: an unknown listing is not empty;
+    nor is an instance missing from a good listing that the provider did not confirm gone.
+    """
+    tracks: dict[str, Track] = {}
+    events: list[Event] = []
+    for inst in obs.instances:
+        old = hist.instances.get(inst.id)
+        track, evs = _first(inst, now) if old is None else _step(old, inst, now)
+        tracks[inst.id] = track
+        events += evs
+    if obs.sensor_ok("provider"):
+        unconfirmed = set(obs.unconfirmed)
+        for gone in sorted(set(hist.instances) - set(tracks)):
+            if gone in unconfirmed:  # missing, but not confirmed gone: kept as it was
+                tracks[gone] = hist.instances[gone]
+                continue
+            events.append(Event(gone, now, "gone", {"machine_id": hist.instances[gone].machine_id}))
+    else:
+        for kept in set(hist.instances) - set(tracks):
+            tracks[kept] = hist.instances[kept]
+    return tracks, events

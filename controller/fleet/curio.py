@@ -1,0 +1,308 @@
+"""The Curio demand sensor: the proving queue read from Curio's database (DOMAIN.md).
+
+Reads `harmony_task` (pending = `owner_id IS NULL`, running = `owner_id` set) and
+`harmony_machines`; writes only `harmony_machines.unschedulable` (drain/undrain), and only when
+the config allows it. Every age is computed by the database clock, never this machine's.
+
+Must not: string-format SQL (schema names go through `psycopg.sql.Identifier`, values are
+parameters), keep a connection between calls, decide anything, or put the DSN or its password
+in a message. Every failure is a `SensorError`: the reading is unknown, never "empty".
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, LiteralString
+from urllib.parse import quote
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from controller.core.model import Demand
+from controller.fleet.base import SensorError, StaleReading
+
+log = logging.getLogger(__name__)
+
+GPU_TASKS = ("PoRep", "UpdateProve", "PSProve", "WdPost", "WinPost")
+
+
+class CurioSettings(BaseModel):
+    """Where Curio's database is and which of its tasks are proving demand."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    dsn: SecretStr = Field(description="libpq connection string or URI; resolved by the config")
+    schema_name: str = Field(
+        "curio", min_length=1, max_length=63, description="the schema holding harmony_*"
+    )
+    tasks: dict[str, float] = Field(
+        default_factory=lambda: dict.fromkeys(GPU_TASKS, 1.0),
+        description="task name -> weight: how much proving capacity one such task needs",
+    )
+    statement_timeout_ms: int = Field(5000, ge=1, description="per query, set in the transaction")
+    connect_timeout_s: int = Field(5, ge=2, description="libpq rounds anything lower up to 2")
+    heartbeat_stale_s: float = Field(
+        600.0, gt=0, description="a machine silent this long is stale (Curio drops it at ~10 min)"
+    )
+    allow_drain: bool = Field(False, description="may fleetgate set harmony_machines.unschedulable")
+
+    @field_validator("tasks")
+    @classmethod
+    def _tasks(cls, tasks: dict[str, float]) -> dict[str, float]:
+        if not tasks:
+            raise ValueError("name at least one Curio task")
+        for name, weight in tasks.items():
+            if not 1 <= len(name) <= 16:
+                raise ValueError(f"task name {name!r}: Curio task names are 1-16 characters")
+            if name == "all":
+                raise ValueError("task name 'all' is reserved for the weighted total")
+            if not (math.isfinite(weight) and weight > 0):
+                raise ValueError(f"task {name!r}: weight must be a positive number, got {weight}")
+        return tasks
+
+
+@dataclass(frozen=True)
+class CurioMachine:
+    """One Curio node as `harmony_machines` sees it."""
+
+    id: int
+    host_and_port: str
+    last_contact_age_s: float  # by the database clock
+    unschedulable: bool  # Curio's cordon: takes no new tasks
+    running_tasks: int  # tasks of any name this node owns
+    stale: bool  # silent for at least heartbeat_stale_s
+
+
+Connection = psycopg.Connection[tuple[Any, ...]]
+Connect = Callable[[CurioSettings], Connection]
+
+
+def connect(settings: CurioSettings) -> Connection:
+    """A fresh autocommit connection (transactions are explicit), bounded by connect_timeout_s."""
+    return psycopg.connect(
+        settings.dsn.get_secret_value(),
+        autocommit=True,
+        connect_timeout=settings.connect_timeout_s,
+        fallback_application_name="fleetgate",
+    )
+
+
+_DEMAND = """
+SELECT name,
+       count(*) FILTER (WHERE owner_id IS NULL),
+       count(*) FILTER (WHERE owner_id IS NOT NULL),
+       coalesce(greatest(0, extract(epoch FROM
+           now() - min(posted_time) FILTER (WHERE owner_id IS NULL)))::float8, 0),
+       coalesce(max(retries) FILTER (WHERE owner_id IS NULL), 0)
+FROM {schema}.harmony_task
+WHERE name = ANY(%s)
+GROUP BY name
+"""
+
+_MACHINES = """
+SELECT m.id, m.host_and_port,
+       greatest(0, extract(epoch FROM now() - m.last_contact))::float8,
+       coalesce(m.unschedulable, false), count(t.id)
+FROM {schema}.harmony_machines m
+LEFT JOIN {schema}.harmony_task t ON t.owner_id = m.id
+GROUP BY m.id, m.host_and_port, m.last_contact, m.unschedulable
+ORDER BY m.id
+"""
+
+# Curio's nodes heartbeat into harmony_machines every few seconds: when none has for
+# heartbeat_stale_s, the queue we read is not being worked or not current (a stopped cluster,
+# a lagging replica), and its numbers must not drive scaling.
+_LIVENESS = """
+SELECT count(*), extract(epoch FROM now() - max(last_contact))::float8
+FROM {schema}.harmony_machines
+"""
+
+_SET_UNSCHEDULABLE = "UPDATE {schema}.harmony_machines SET unschedulable = %s WHERE {match}"
+
+
+class CurioDemand:
+    """`DemandSensor` over Curio's database; one short-lived connection per call."""
+
+    def __init__(self, settings: CurioSettings, connect: Connect = connect) -> None:
+        self.settings = settings
+        self._connect = connect
+        self._queries: dict[str, sql.Composed] = {}  # the fixed queries, composed once
+
+    def demand(self) -> list[Demand]:
+        """Pending/running per configured task name (zeros included), then the weighted `all`."""
+        names = list(self.settings.tasks)
+        with self._transaction("demand query", read_only=True) as cur:
+            rows = cur.execute(self._sql(_DEMAND), [names]).fetchall()
+            live = cur.execute(self._sql(_LIVENESS)).fetchone()
+        nodes, newest_age = (int(live[0]), live[1]) if live else (0, None)
+        limit = self.settings.heartbeat_stale_s
+        if nodes and newest_age is not None and float(newest_age) >= limit:
+            raise StaleReading(
+                f"Curio's queue looks stale: none of its {nodes} node(s) has checked in for "
+                f"{float(newest_age):.0f} s (heartbeat_stale_s={limit:g}); the task table may "
+                "not be current (a stopped cluster or a lagging replica)"
+            )
+        return summarize(self.settings.tasks, rows)
+
+    def machines(self) -> list[CurioMachine]:
+        with self._transaction("machines query", read_only=True) as cur:
+            rows = cur.execute(self._sql(_MACHINES)).fetchall()
+        stale_s = self.settings.heartbeat_stale_s
+        return [
+            CurioMachine(int(i), str(hp), float(age), bool(u), int(n), stale=age >= stale_s)
+            for i, hp, age, u, n in rows
+        ]
+
+    def drain(self, machine: int | str) -> int:
+        """Set `unschedulable` on a machine (by id, or by host_and_port); returns rows matched."""
+        return self._set_unschedulable(machine, True)
+
+    def undrain(self, machine: int | str) -> int:
+        return self._set_unschedulable(machine, False)
+
+    def _set_unschedulable(self, machine: int | str, value: bool) -> int:
+        verb = "drain" if value else "undrain"
+        if not self.settings.allow_drain:
+            raise SensorError(
+                f"{verb} of Curio machine {machine!r} refused: "
+                "draining is not allowed by the config (allow_drain is false)"
+            )
+        column, key = _machine_key(machine)
+        match = sql.SQL("{} = %s").format(sql.Identifier(column))
+        query = self._sql(_SET_UNSCHEDULABLE, match=match)
+        with self._transaction(f"{verb} of machine {machine!r}", read_only=False) as cur:
+            changed = cur.execute(query, [value, key]).rowcount
+            if changed == 0:
+                raise SensorError(
+                    f"no Curio machine with {column} {key!r} in schema "
+                    f"{self.settings.schema_name!r} ({verb} changed nothing)"
+                )
+        log.info("Curio machine %r: unschedulable=%s (%d row(s))", machine, value, changed)
+        return changed
+
+    def _sql(self, template: LiteralString, **parts: sql.Composable) -> sql.Composed:
+        if not parts and template in self._queries:
+            return self._queries[template]
+        schema = sql.Identifier(self.settings.schema_name)
+        query = sql.SQL(template).format(schema=schema, **parts)
+        if not parts:
+            self._queries[template] = query
+        return query
+
+    @contextmanager
+    def _transaction(self, what: str, *, read_only: bool) -> Iterator[psycopg.Cursor[Any]]:
+        """One connection, one transaction with the statement timeout; psycopg errors -> ours."""
+        try:
+            conn = self._connect(self.settings)
+        except psycopg.Error as exc:
+            # libpq quotes pieces of an unparsable DSN, which may be pieces of the password
+            reason = self._scrub(str(exc)) if self._params() else "not a valid connection string"
+            raise SensorError(
+                f"cannot connect to the Curio database {self._where()}: {reason}"
+            ) from exc
+        try:
+            with conn:
+                conn.read_only = read_only
+                with conn.transaction(), conn.cursor() as cur:
+                    timeout = str(self.settings.statement_timeout_ms)
+                    cur.execute("SELECT set_config('statement_timeout', %s, true)", [timeout])
+                    yield cur
+        except psycopg.Error as exc:
+            raise SensorError(self._explain(what, exc)) from exc
+
+    def _explain(self, what: str, exc: psycopg.Error) -> str:
+        schema = self.settings.schema_name
+        if isinstance(exc, psycopg.errors.QueryCanceled):
+            limit = self.settings.statement_timeout_ms
+            return (
+                f"Curio {what} timed out after statement_timeout_ms={limit} (a lock or overload?)"
+            )
+        if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):
+            detail = exc.diag.message_primary or type(exc).__name__
+            return (
+                f"Curio {what} failed: {self._scrub(detail)}; "
+                f"is schema_name {schema!r} right and is this Curio's database?"
+            )
+        detail = exc.diag.message_primary or str(exc)
+        return f"Curio {what} failed ({self._where()}): {type(exc).__name__}: {self._scrub(detail)}"
+
+    def _params(self) -> dict[str, Any]:
+        try:
+            return conninfo_to_dict(self.settings.dsn.get_secret_value())
+        except psycopg.Error:
+            return {}
+
+    def _where(self) -> str:
+        """host:port/dbname as user: nothing secret, enough to find the database."""
+        p = self._params()
+        if not p:
+            return "(unparsable DSN)"
+        where = f"{p.get('host', 'localhost')}:{p.get('port', 5432)}/{p.get('dbname', '')}"
+        return f"{where} as {p['user']}" if p.get("user") else where
+
+    def _scrub(self, text: str) -> str:
+        password = str(self._params().get("password") or "")
+        dsn = self.settings.dsn.get_secret_value()
+        for secret in (dsn, password, quote(password, safe="")):
+            if secret:
+                text = text.replace(secret, "***")
+        return " ".join(text.split())
+
+
+def summarize(weights: dict[str, float], rows: list[tuple[Any, ...]]) -> list[Demand]:
+    """Rows of (name, pending, running, oldest_pending_s, max_retries) -> Demand per name + all.
+
+    Every configured name gets an entry (zeros when absent); rows for other names are ignored.
+    `all` holds the weighted pending/running sums rounded up (a task of any weight counts: one
+    pending task of weight 0.3 is 1, never 0), the oldest and the max.
+    """
+    by_name = {str(r[0]): r for r in rows}
+    per_task = []
+    for name in weights:
+        _, pending, running, oldest, retries = by_name.get(name, (name, 0, 0, 0.0, 0))
+        per_task.append(Demand(name, int(pending), int(running), float(oldest), int(retries)))
+    total = Demand(
+        task="all",
+        pending=_ceil(sum(weights[d.task] * d.pending for d in per_task)),
+        running=_ceil(sum(weights[d.task] * d.running for d in per_task)),
+        oldest_pending_s=max(d.oldest_pending_s for d in per_task),
+        max_retries=max(d.max_retries for d in per_task),
+    )
+    return [*per_task, total]
+
+
+_CEIL_EPSILON = 1e-6  # float noise in a weighted sum, far below any weight's share
+
+
+def _ceil(weighted: float) -> int:
+    """Round a weighted sum up, forgiving float noise (0.1 summed 30 times is 3, not 4)."""
+    return math.ceil(weighted - _CEIL_EPSILON)
+
+
+def _machine_key(machine: int | str) -> tuple[str, int | str]:
+    """An int or a string of digits is a machine id; anything else is a host_and_port."""
+    if isinstance(machine, int):
+        return "id", machine
+    if re.fullmatch(r"\d{1,9}", machine):
+        return "id", int(machine)
+    return "host_and_port", machine
+
+
+def create_schema(conn: Connection, schema_name: str) -> None:
+    """Create `schema_name` with Curio's tables (curio_schema.sql). Tests and local dev only."""
+    text = (
+        resources.files("controller.fleet").joinpath("curio_schema.sql").read_text(encoding="utf-8")
+    )
+    schema = sql.Identifier(schema_name)
+    with conn.transaction():
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(schema))
+        conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(schema))
+        conn.execute(sql.SQL(text))  # a file of ours, never user input

@@ -1,0 +1,328 @@
+"""The real fleet as the controller sees it: vast's listing joined with what the instances
+reported (lifecycle), whether cuzk answers (health) and what Curio says of their nodes.
+
+`enrich` is pure; `RealFleet` does the I/O around it and is the controller's provider:
+
+- list: vast listing (a failed or implausibly empty one raises: never "zero instances"),
+  lifecycle records, daemon health for instances past registration, Curio machines;
+- restart_daemon: a command queued for the instance's agent (pulled on its next heartbeat);
+  one not picked up in time becomes a vast reboot (`overdue`);
+- drain: Curio's `unschedulable` on the instance's node;
+- launch, destroy, reboot, find_by_label: vast.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from controller.core.model import Instance, Proposal
+from controller.fleet.base import LaunchRequest, PermanentProviderError, SensorError
+
+log = logging.getLogger(__name__)
+
+BOOTING = frozenset({"provisioning", "created", "loading"})
+# The agent reports milestones reached; the controller's stage is what the instance is doing:
+# registered → fetching parameters; parameters done → benchmarking; benchmark done → still
+# in the benchmark stage until it reports running (its 45-minute limit covers both).
+DOING = {"registered": "params", "params": "bench", "bench": "bench", "running": "running"}
+
+
+class Record(Protocol):
+    """What an instance's agent reported (controller.store.records)."""
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def stage(self) -> str: ...
+
+    @property
+    def bench_rate(self) -> float | None: ...
+
+    @property
+    def host_and_port(self) -> str | None: ...
+
+
+class Health(Protocol):
+    @property
+    def up(self) -> bool: ...
+
+    @property
+    def uptime_s(self) -> float | None: ...
+
+
+class Machine(Protocol):
+    @property
+    def host_and_port(self) -> str: ...
+
+    @property
+    def last_contact_age_s(self) -> float: ...
+
+    @property
+    def unschedulable(self) -> bool: ...
+
+    @property
+    def running_tasks(self) -> int: ...
+
+    @property
+    def stale(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A health answer as the controller reports it (possibly the last known one)."""
+
+    up: bool
+    uptime_s: float | None
+
+
+def persisted(health: Mapping[str, Health], failures: dict[str, list[float]], now: float,
+              count: int, after_s: float) -> dict[str, Probe]:  # fmt: skip
+    """Down only after `count` failed probes in a row spanning `after_s`; until then up.
+
+    `failures` maps an instance to [first failure time, failures in a row] and is updated.
+    """
+    out: dict[str, Probe] = {}
+    for iid, h in health.items():
+        if h.up:
+            failures.pop(iid, None)
+            out[iid] = Probe(True, h.uptime_s)
+            continue
+        first, n = failures.get(iid, [now, 0])
+        failures[iid] = [first, n + 1]
+        out[iid] = Probe(not (n + 1 >= count and now - first >= after_s), None)
+    for iid in set(failures) - set(health):
+        del failures[iid]  # no longer checked (gone, or not past registration)
+    return out
+
+
+def stage_of(inst: Instance, record: Record | None) -> str:
+    """vast says whether the container runs; the agent says how far it got."""
+    if inst.status in BOOTING:
+        return "loading" if inst.status == "loading" else "provisioning"
+    if record is not None and record.stage in DOING:
+        return DOING[record.stage]
+    return "loading"  # running container, agent not registered yet: unregistered
+
+
+def node_host(host_and_port: str) -> str:
+    """The host of a Curio `host_and_port` ("1.2.3.4:12300", "[::1]:12300")."""
+    host = host_and_port.rsplit(":", 1)[0] if ":" in host_and_port else host_and_port
+    return host.strip("[]")
+
+
+@dataclass(frozen=True)
+class Link:
+    """How one listed instance was joined to its agent's record and its Curio node."""
+
+    record: Record | None
+    node: Machine | None
+    node_known: bool  # a node was ever known for it (one missing now is gone, not unknown)
+
+
+def find_node(inst_ip: str, record: Record | None, by_node: Mapping[str, Machine],
+              by_host: Mapping[str, list[Machine]]) -> Machine | None:  # fmt: skip
+    """The instance's Curio node: the one its agent named, if that node's host is the
+    instance's public address; else the only node on that address."""
+    claimed = record.host_and_port if record is not None else None
+    if claimed and claimed in by_node and (not inst_ip or node_host(claimed) == inst_ip):
+        return by_node[claimed]
+    on_host = by_host.get(inst_ip, []) if inst_ip else []
+    return on_host[0] if len(on_host) == 1 else None
+
+
+def enrich(listed: Sequence[Instance], links: Mapping[str, Link], health: Mapping[str, Health],
+           sidecar_stale_s: float) -> list[Instance]:  # fmt: skip
+    """One Instance per listed instance, with stage, daemon, sidecar, tasks and drain state.
+
+    A sidecar is up when its node heartbeats, down when its node is stale or was known and is
+    gone (Curio deleted it), and unknown when no node was ever found for an instance past its
+    benchmark (it may be running tasks that nobody can see)."""
+    out = []
+    for inst in listed:
+        link = links.get(inst.id, Link(None, None, False))
+        record, node = link.record, link.node
+        check = health.get(inst.id)
+        stage = stage_of(inst, record)
+        alive = node is not None and not node.stale and node.last_contact_age_s < sidecar_stale_s
+        unknown = node is None and not link.node_known and stage in ("bench", "running")
+        out.append(replace(
+            inst,
+            stage=stage,
+            daemon="up" if check and check.up else ("down" if check else "unknown"),
+            daemon_uptime_s=check.uptime_s if check and check.up else None,
+            sidecar="up" if alive else ("unknown" if unknown else "down"),
+            tasks_running=node.running_tasks if node else 0,
+            drained=bool(node and node.unschedulable),
+            bench_rate=record.bench_rate if record else None,
+        ))  # fmt: skip
+    return out
+
+
+class RealFleet:
+    """The controller's provider for a vast fleet with Curio nodes and fleetgate agents.
+
+    Only instances fleetgate launched are its own: a label with the launch prefix, or an id
+    that one of its launches rented (vast may show an empty label). Everything else on the
+    account is `foreign`: observed and shown, never managed."""
+
+    def __init__(
+        self,
+        *,
+        vast: Any,
+        lifecycle: Any,
+        curio: Any,
+        check_health: Callable[[Sequence[Instance]], Mapping[str, Health]],
+        clock: Callable[[], float],
+        sidecar_stale_s: float = 180.0,
+        command_deadline_s: float = 300.0,
+        failures_to_down: int = 2,
+        down_after_s: float = 60.0,
+        failures: dict[str, list[float]] | None = None,
+        launched: Callable[[], Mapping[str, str]] = dict,
+        label_prefix: str = "fg-",
+    ) -> None:
+        self.vast = vast
+        self.lifecycle = lifecycle
+        self.curio = curio
+        self.check_health = check_health
+        self.clock = clock
+        self.sidecar_stale_s = sidecar_stale_s
+        self.command_deadline_s = command_deadline_s
+        self.failures_to_down = failures_to_down
+        self.down_after_s = down_after_s
+        self.failures = {} if failures is None else failures  # kept by the caller across runs
+        self.launched = launched  # instance id -> launch label, of every launch that rented
+        self.label_prefix = label_prefix
+        self.foreign: list[Instance] = []
+        self._last: dict[str, Instance] = {}
+
+    def list_instances(self) -> list[Instance]:
+        listed = self.vast.list_instances()  # it knows when an empty listing is implausible
+        launched = self.launched()
+        own, self.foreign = self.split(listed, launched)
+        records = self.lifecycle.records()
+        try:
+            machines = self.curio.machines()
+        except SensorError as exc:
+            raise SensorError(f"Curio nodes unknown: {exc}") from exc
+        links = self._link(own, records, machines, launched)
+        past_registration = [i for i in own
+                             if stage_of(i, links[i.id].record)
+                             in ("bench", "running")]  # fmt: skip
+        health = persisted(self.check_health(past_registration), self.failures, self.clock(),
+                           self.failures_to_down, self.down_after_s)  # fmt: skip
+        fleet = enrich(own, links, health, self.sidecar_stale_s)
+        self._last = {i.id: i for i in fleet}
+        return fleet
+
+    def split(self, listed: Sequence[Instance], launched: Mapping[str, str] | None = None
+              ) -> tuple[list[Instance], list[Instance]]:  # fmt: skip
+        """(own, foreign) by launch label prefix or launched id."""
+        launched = self.launched() if launched is None else launched
+        own: list[Instance] = []
+        foreign: list[Instance] = []
+        for inst in listed:
+            mine = inst.label.startswith(self.label_prefix) or inst.id in launched
+            (own if mine else foreign).append(inst)
+        return own, foreign
+
+    def confirm_gone(self, instance_ids: Sequence[str]) -> set[str]:
+        """Which of these instances, missing from the listing, vast confirms are gone."""
+        found: set[str] = self.vast.confirm_gone(instance_ids)
+        return found
+
+    def _link(self, own: Sequence[Instance], records: Mapping[str, Record],
+              machines: Sequence[Machine], launched: Mapping[str, str]
+              ) -> dict[str, Link]:  # fmt: skip
+        """Each own instance's agent record and Curio node; what was learned is stored."""
+        by_vast = {str(getattr(r, "vast_id", "")): r for r in records.values()}
+        by_node = {m.host_and_port: m for m in machines}
+        by_host: dict[str, list[Machine]] = {}
+        for m in machines:
+            by_host.setdefault(node_host(m.host_and_port), []).append(m)
+        links = {}
+        for inst in own:
+            label = inst.label or launched.get(inst.id, "")
+            record = records.get(label) or by_vast.get(inst.id) or records.get(f"C.{inst.id}")
+            ip = self._address(inst.id)
+            node = find_node(ip, record, by_node, by_host)
+            if record is not None:
+                record = self._remember(record, inst, node)
+            known = bool(record and record.host_and_port
+                         and (not ip or node_host(record.host_and_port) == ip))  # fmt: skip
+            links[inst.id] = Link(record, node, known)
+        return links
+
+    def _address(self, instance_id: str) -> str:
+        raw = getattr(self.vast, "last_raw", {}).get(instance_id, {})
+        ip = raw.get("public_ipaddr") if isinstance(raw, Mapping) else None
+        return ip.strip() if isinstance(ip, str) else ""
+
+    def _remember(self, record: Record, inst: Instance, node: Machine | None) -> Record:
+        """Store the vast id, machine and verified Curio node of a record when they changed."""
+        hp = node.host_and_port if node is not None else None
+        if (getattr(record, "vast_id", None) == inst.id
+                and getattr(record, "machine_id", None) == inst.machine_id
+                and (hp is None or record.host_and_port == hp)):  # fmt: skip
+            return record
+        self.lifecycle.link(record.label, vast_id=inst.id, machine_id=inst.machine_id,
+                            host_and_port=hp)  # fmt: skip
+        log.info("instance %s: linked to agent record %r (Curio node %s)", inst.id, record.label,
+                 hp or record.host_and_port or "unknown")  # fmt: skip
+        fresh: Record | None = self.lifecycle.record(record.label)
+        return fresh if fresh is not None else record
+
+    def launch(self, request: LaunchRequest) -> str:
+        return str(self.vast.launch(request))
+
+    def find_by_label(self, label: str) -> Instance | None:
+        found: Instance | None = self.vast.find_by_label(label)
+        return found
+
+    def destroy(self, instance_id: str) -> None:
+        self.vast.destroy(instance_id)
+
+    def reboot(self, instance_id: str) -> None:
+        self.vast.reboot(instance_id)
+
+    def restart_daemon(self, instance_id: str) -> None:
+        """Queue it for the agent; without a registered agent, reboot through vast at once."""
+        record = self.lifecycle.resolve(instance_id)
+        if record is None:
+            log.warning("instance %s has no registered agent: rebooting it instead", instance_id)
+            self.vast.reboot(instance_id)
+            return
+        self.lifecycle.queue_command(record.label, "restart_daemon", self.clock(),
+                                     self.command_deadline_s)  # fmt: skip
+
+    def drain(self, instance_id: str) -> None:
+        record = self.lifecycle.resolve(instance_id)
+        if record is None or not record.host_and_port:
+            raise PermanentProviderError(f"instance {instance_id!r} has no known Curio node")
+        try:
+            self.curio.drain(record.host_and_port)
+        except SensorError as exc:  # not allowed by the config, or Curio unreachable
+            raise PermanentProviderError(f"cannot drain instance {instance_id!r}: {exc}") from exc
+
+    def gone(self, instance_id: str) -> None:
+        """The controller saw this instance vanish from vast: drop what its agent reported."""
+        record = self.lifecycle.resolve(instance_id)
+        if record is not None:
+            self.lifecycle.forget(record.label)
+
+    def overdue(self, now: float) -> list[Proposal]:
+        """Restart commands the agent did not pick up in time: reboot through vast instead."""
+        out = []
+        for cmd in self.lifecycle.overdue_commands(now):
+            record = self.lifecycle.resolve(cmd.label)
+            target = getattr(record, "vast_id", None) if record else None
+            self.lifecycle.complete(cmd.id, {"ok": False, "detail": "not picked up in time"}, now)
+            if target:
+                out.append(Proposal("reboot", {"instance": str(target)}, "controller:agent",
+                                    f"its agent did not pick up {cmd.command} within "
+                                    f"{self.command_deadline_s:.0f}s", 1.0, 50))  # fmt: skip
+        return out

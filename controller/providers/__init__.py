@@ -1,1 +1,0 @@
-"""Fleet adapters: one module per provider, one small interface (`base.Provider`)."""

@@ -1,0 +1,146 @@
+"""Rule unit tests: facts in, expected proposals and unmatched facts out.
+
+A test file (YAML):
+
+    rule_files: [../crashes.yaml]      # relative to this file; default: every rules file in ..
+    settings: {tasks_per_instance: 2}  # optional, for every test in the file
+    tests:
+      - name: a silently exited daemon is restarted
+        facts:
+          - {kind: instance, id: "i1", daemon: down}   # merged over a healthy serving instance
+        expect:
+          proposals:
+            - {rule: restart-silently-exited-daemon, action: restart_daemon, params: {instance: i1}}
+          unmatched: []                               # optional: exact list of fact ids
+
+`proposals` must match exactly: every expected one present (params compared as a subset),
+none unexpected. Matching runs through durable_rules and `decide`, as a tick does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from controller.core.decide import unmatched
+from controller.core.policy import DecideSettings
+from controller.rules.engine import Engine
+from controller.rules.fire import proposals_from
+from controller.rules.rulebook import RulesError
+from controller.rules.source import read_rulebook
+from controller.rules.yamlsrc import YamlError, load
+
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "instance": {
+        "label": "fg-test", "machine_id": "m1", "host_id": "h1", "status": "running",
+        "stage": "running", "daemon": "up", "sidecar": "up", "gpu_name": "RTX 4090",
+        "num_gpus": 1, "dph": 0.5, "tasks_running": 1, "drained": False, "status_msg": "",
+        "age_s": 7200.0, "stage_age_s": 3600.0, "status_for_s": 3600.0, "down_for_s": 0.0,
+        "restarts_1h": 0, "deaths_1h": 0, "idle_for_s": 0.0, "host_blocked": False,
+        "replacing": False, "retiring": False, "bench_rate": 35.0,
+    },
+    "demand": {
+        "task": "all", "pending": 0, "running": 0, "oldest_pending_s": 0.0, "max_retries": 0,
+    },
+    "fleet": {"instances": 1, "active": 1, "serving": 1, "booting": 0, "dead": 0, "drained": 0,
+              "spend_per_h": 0.5, "launches_1h": 0, "pending": 0, "running_tasks": 0},
+    "sensor": {"name": "provider", "state": "ok", "detail": ""},
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Result:
+    where: str
+    name: str
+    problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _fact(raw: dict[str, Any], n: int) -> dict[str, Any]:
+    kind = str(raw.get("kind", ""))
+    fact = {"kind": kind, **DEFAULTS.get(kind, {}), **raw}
+    if kind == "demand":
+        fact.setdefault("id", f"demand:{fact['task']}")
+    elif kind in ("fleet",):
+        fact.setdefault("id", "fleet")
+    elif kind == "sensor":
+        fact.setdefault("id", f"sensor:{fact['name']}")
+    else:
+        fact.setdefault("id", f"{kind}{n}")
+    fact["id"] = str(fact["id"])
+    return fact
+
+
+def _matches(exp: dict[str, Any], got: dict[str, Any]) -> bool:
+    """An expected proposal matches when every key it names agrees (params as a subset)."""
+    for key, want in exp.items():
+        if key == "params":
+            if not all(got["params"].get(k) == v for k, v in (want or {}).items()):
+                return False
+        elif got.get(key) != want:
+            return False
+    return True
+
+
+def _compare(expected: list[dict[str, Any]], got: list[dict[str, Any]]) -> list[str]:
+    problems = []
+    left = list(got)
+    for exp in expected:
+        hit = next((g for g in left if _matches(exp, g)), None)
+        if hit is None:
+            problems.append(f"expected proposal not made: {exp}")
+        else:
+            left.remove(hit)
+    problems += [f"unexpected proposal: {g}" for g in left]
+    return problems
+
+
+def run_test(engine: Engine, test: dict[str, Any], settings: DecideSettings) -> list[str]:
+    facts = [_fact(f, n) for n, f in enumerate(test.get("facts") or [])]
+    matches = engine.match(facts, 0.0)
+    by_id = {f["id"]: f for f in facts}
+    props, doubts = proposals_from(matches, by_id, engine.book, settings, 0.0)
+    got = [
+        {"rule": p.proposer.removeprefix("rule:"), "action": p.action, "params": p.params}
+        for p in props
+    ]
+    expect = test.get("expect") or {}
+    problems = _compare(list(expect.get("proposals") or []), got)
+    problems += [f"rule error: {d.summary}" for d in doubts]
+    if "unmatched" in expect:
+        un = sorted(str(f["id"]) for d in unmatched(matches, by_id) for f in d.facts)
+        if un != sorted(str(x) for x in expect["unmatched"]):
+            problems.append(f"unmatched facts: expected {sorted(expect['unmatched'])}, got {un}")
+    return problems
+
+
+def run_file(path: Path) -> list[Result]:
+    try:
+        doc = load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, YamlError) as exc:
+        return [Result(str(path), "(file)", (str(exc),))]
+    files = [path.parent / f for f in doc.get("rule_files") or []] or [path.parent.parent]
+    try:
+        engine = Engine(read_rulebook(files))
+    except RulesError as exc:
+        return [Result(str(path), "(rules)", tuple(str(p) for p in exc.problems))]
+    base = DecideSettings()
+    settings = DecideSettings(values={**base.values, **(doc.get("settings") or {})})
+    results = []
+    for test in doc.get("tests") or []:
+        where = f"{path}:{getattr(test, 'line', 0)}"
+        results.append(
+            Result(where, str(test.get("name", "?")), tuple(run_test(engine, test, settings)))
+        )
+    return results
+
+
+def run_files(paths: list[Path]) -> list[Result]:
+    files: list[Path] = []
+    for p in paths:
+        files += sorted(p.glob("*.yaml")) if p.is_dir() else [p]
+    return [r for f in files for r in run_file(f)]

@@ -1,0 +1,245 @@
+"""Rules files on disk → a rulebook and its engine. Keeps the last good rules in force.
+
+The I/O half of `rulebook` (which is pure): which files a path means, reading them, and
+swapping in a new engine only when every file is valid and durable_rules accepts it.
+
+durable_rules compiles each `matches` pattern to an automaton of its own, with fixed limits
+(states, transitions) that only compiling tells, and some patterns corrupt its heap and abort
+the process (`a+%w%w+`). So `read_rulebook` compiles every new pattern first in a child
+process (`trial_main`): one it refuses, crashes or hangs on is a `path:line` problem, never a
+dead controller. Verdicts are kept per pattern for the life of the process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from controller.rules.engine import Engine, EngineError
+from controller.rules.limits import show
+from controller.rules.rulebook import Problem, Rule, Rulebook, RulesError, load_texts
+from controller.rules.yamlsrc import Located
+
+log = logging.getLogger(__name__)
+
+
+def rule_files(paths: Sequence[Path]) -> list[Path]:
+    """Files named, plus the *.yaml / *.yml directly inside folders named (not sub-folders:
+    `rules/tests/` holds rule unit tests, not rules)."""
+    out: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            out += sorted(f for f in p.iterdir() if f.suffix in (".yaml", ".yml") and f.is_file())
+        else:
+            out.append(p)
+    return out
+
+
+def read_rulebook(paths: Sequence[Path]) -> Rulebook:
+    """Read and validate; raise RulesError with `path:line` problems."""
+    texts = []
+    problems = []
+    files = rule_files(paths)
+    if not files:
+        where = ", ".join(str(p) for p in paths) or "(none)"
+        raise RulesError([Problem(where, 0, "no rules files found")])
+    for f in files:
+        try:
+            texts.append((str(f), f.read_text(encoding="utf-8")))
+        except OSError as exc:
+            problems.append(Problem(str(f), 0, f"cannot read: {exc.strerror}"))
+        except UnicodeDecodeError as exc:
+            problems.append(
+                Problem(
+                    str(f), 0, f"cannot read: not UTF-8 text ({exc.reason} at byte {exc.start})"
+                )
+            )
+    if problems:
+        raise RulesError(problems)
+    book = load_texts(texts)
+    problems = pattern_problems(book)
+    if problems:
+        raise RulesError(problems)
+    return book
+
+
+# -- `matches` patterns, compiled by durable_rules in a child process -------------------------
+
+_VERDICTS: dict[str, str | None] = {}  # pattern -> why durable_rules refuses it (None: accepts)
+_TRIAL_S = 20.0  # a child's time to start, plus 2 s per pattern (the slowest seen: 0.5 s)
+_SMALLER = "; use fewer or smaller repeats and alternatives"
+_WHY = {
+    "501": "a syntax it does not read",
+    "502": "too many transitions" + _SMALLER,
+    "503": "too many states" + _SMALLER,
+    "504": "its automaton grows too large" + _SMALLER,
+    "505": "its automaton grows too large" + _SMALLER,
+    "506": "its automaton grows too large" + _SMALLER,
+    "507": "overlapping classes or alternatives it cannot combine",
+    "508": "it finds the pattern invalid",
+}
+
+
+def _matches(book: Rulebook) -> Iterator[tuple[Rule, str, str, int]]:
+    """(rule, field, pattern, line) of every `matches` condition (normal patterns have none)."""
+    for rule in book.rules:
+        for pattern in rule.when.values():
+            for fld, cond in (pattern or {}).items():
+                if isinstance(cond, dict) and isinstance(cond.get("matches"), str):
+                    line = pattern.line_of(fld) if isinstance(pattern, Located) else rule.line
+                    yield rule, str(fld), cond["matches"], line
+
+
+def pattern_problems(book: Rulebook) -> list[Problem]:
+    found = list(_matches(book))
+    _judge([p for _, _, p, _ in found if p not in _VERDICTS])
+    return [
+        Problem(rule.path, line, f"field {fld!r}: regular expression {show(p)}: {why}", rule.name)
+        for rule, fld, p, line in found
+        if (why := _VERDICTS.get(p))
+    ]
+
+
+def _judge(patterns: list[str]) -> None:
+    """Compile `patterns` in children until each has a verdict (a child that dies or hangs
+    condemns the pattern it was on, and the next child goes on after it)."""
+    todo = list(dict.fromkeys(patterns))
+    while todo:
+        lines = _trial(todo)
+        if lines is None:
+            log.warning("could not try the regular expressions in a child process")
+            return  # not judged: the engine built in this process decides
+        for pattern, line in zip(todo, lines, strict=False):
+            _VERDICTS[pattern] = _verdict(line)
+        if len(lines) < len(todo):
+            _VERDICTS[todo[len(lines)]] = "the rule engine crashes or hangs compiling it"
+        todo = todo[len(lines) + 1 :]
+
+
+def _verdict(line: str) -> str | None:
+    if line == "ok":
+        return None
+    code = line.partition(" ")[2]
+    why = _WHY.get(code, "a limit of its own")
+    return f"the rule engine refuses it (durable_rules error {code}): {why}"
+
+
+def _trial(patterns: list[str]) -> list[str] | None:
+    """The verdict lines of a child compiling `patterns`; None if it did not even start."""
+    code = "from controller.rules.source import trial_main; trial_main()"
+    root = str(Path(__file__).resolve().parents[2])
+    path = [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+    try:
+        done = subprocess.run([sys.executable, "-c", code], input=json.dumps(patterns).encode(),
+                              capture_output=True, timeout=_TRIAL_S + 2 * len(patterns),
+                              env=env, check=False)  # fmt: skip
+        out = done.stdout
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout if isinstance(exc.stdout, bytes) else b""
+    except OSError:
+        return None
+    lines = out.decode(errors="replace").splitlines()
+    if not lines or lines[0] != "ready":
+        return None
+    return [line for line in lines[1:] if line == "ok" or line.startswith("refused ")]
+
+
+def trial_main() -> None:
+    """In the child: compile each pattern (JSON on stdin) alone; print one verdict line each."""
+    patterns = json.loads(sys.stdin.read())
+    print("ready", flush=True)
+    for pattern in patterns:
+        definition = {"rule:p": {"all": [{"m": {"$mt": {"status_msg": pattern}}}]}}
+        try:
+            Engine(Rulebook((), {}, digest="pattern", definition=definition))
+            print("ok", flush=True)
+        except EngineError as exc:
+            found = re.search(r"error code: (\d+)", str(exc))
+            print(f"refused {found[1] if found else '?'}", flush=True)
+
+
+def _engine(book: Rulebook, where: str) -> Engine:
+    """The engine for `book`; anything durable_rules refuses is a RulesError."""
+    try:
+        return Engine(book)
+    except Exception as exc:  # EngineError, or whatever else the C extension raises
+        raise RulesError([Problem(where, 0, f"the rule engine refused the rules: {exc}")]) from exc
+
+
+@dataclass(frozen=True)
+class Reload:
+    """What a reload found: new rules in force, or a bad edit (the old rules stay)."""
+
+    ok: bool
+    digest: str  # of the rules in force afterwards
+    tried: str  # of the files as read (equal to digest when ok)
+    problems: str = ""
+
+
+def _files_digest(paths: Sequence[Path]) -> str:
+    """A cheap fingerprint of the files' names, sizes and mtimes (no parsing)."""
+    parts = []
+    for f in rule_files(paths):
+        try:
+            st = f.stat()
+        except OSError:
+            parts.append(f"{f}:missing")
+            continue
+        parts.append(f"{f}:{st.st_size}:{st.st_mtime_ns}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+class RulesSource:
+    """The rules in force. `reload()` swaps them only when the new files are all valid."""
+
+    def __init__(self, paths: Sequence[Path], check_every_s: float = 0.0) -> None:
+        self.paths = list(paths)
+        self.book = read_rulebook(self.paths)
+        self.engine = _engine(self.book, self._where())
+        self._seen = _files_digest(self.paths)
+        self.check_every_s = check_every_s  # wall-clock seconds between looks at the files
+        self._looked_at = time.monotonic()
+
+    def _where(self) -> str:
+        return ", ".join(str(p) for p in self.paths) or "(no rules paths)"
+
+    def force(self) -> None:
+        """Read the files again on the next `reload()`, changed or not (SIGHUP)."""
+        self._seen = ""
+
+    def changed(self) -> bool:
+        """Did any rules file change (name, size, mtime) since the last look?"""
+        return _files_digest(self.paths) != self._seen
+
+    def reload(self) -> Reload | None:
+        """Read the files again if they changed. None: nothing changed. A bad edit (or rules the
+        engine refuses) is reported with its problems and the last good rules stay in force."""
+        recent = time.monotonic() - self._looked_at < self.check_every_s
+        if self.check_every_s > 0 and self._seen and recent:
+            return None  # looked less than check_every_s ago (a replay ticks ~1,000 times a s)
+        self._looked_at = time.monotonic()
+        if not self.changed():
+            return None
+        self._seen = _files_digest(self.paths)
+        try:
+            book = read_rulebook(self.paths)
+            if book.digest == self.book.digest:
+                return None  # touched, not changed
+            engine = _engine(book, self._where())
+        except RulesError as exc:
+            log.error("rules reload failed; the last good rules (%s) stay in force:\n%s",
+                      self.book.digest, exc)  # fmt: skip
+            return Reload(False, self.book.digest, self._seen, str(exc))
+        self.book, self.engine = book, engine
+        log.info("rules reloaded: %s (%d rules)", book.digest, len(book.rules))
+        return Reload(True, book.digest, book.digest)

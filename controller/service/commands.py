@@ -1,0 +1,274 @@
+"""Bodies of the read-mostly commands: check, test-rules, explain, actions, escalations, status."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from controller.rules.rulebook import RulesError
+from controller.rules.ruletest import run_files
+from controller.rules.source import read_rulebook
+from controller.service import wiring
+from controller.service.app import App
+from controller.service.config import Config, ConfigError, load_config, rules_paths
+from controller.service.tick import Planned
+from escalation import approvals
+from escalation.render import Renderer
+
+
+def _ts(t: float | None) -> str:
+    if t is None:
+        return "-"
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _brief(d: dict[str, Any] | None) -> str:
+    return " ".join(f"{k}={v}" for k, v in (d or {}).items())
+
+
+def check(args: argparse.Namespace, config: Config) -> int:
+    """Rules (the given paths, else the configured ones) and the config; errors as path:line."""
+    failed = False
+    if args.config:
+        try:
+            load_config(args.config)
+        except ConfigError as exc:
+            print(exc, file=sys.stderr)
+            failed = True
+    paths = [Path(p) for p in args.paths] or rules_paths(config)
+    try:
+        book = read_rulebook(paths)
+    except RulesError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    if failed:
+        return 1
+    print(f"ok: {len(book.rules)} rules in {len(book.paths)} file(s), digest {book.digest}")
+    return 0
+
+
+def test_rules(paths: Sequence[str]) -> int:
+    results = run_files([Path(p) for p in paths])
+    failed = [r for r in results if not r.ok]
+    for r in results:
+        print(f"{'PASS' if r.ok else 'FAIL'} {r.where}: {r.name}")
+        for line in r.problems:
+            print(f"    {line}")
+    print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+    return 1 if failed or not results else 0
+
+
+def explain_doc(p: Planned) -> dict[str, Any]:
+    return {
+        "now": p.now,
+        "facts": p.facts,
+        "matches": [
+            {"rule": m.rule, "abnormal": m.abnormal_kind, "facts": m.facts} for m in p.matches
+        ],
+        "plan": [
+            {
+                "verdict": d.verdict,
+                "action": d.effective_action,
+                "params": d.effective_params,
+                "proposer": d.proposal.proposer,
+                "confidence": d.proposal.confidence,
+                "why": d.why,
+                "guard": d.guard,
+            }
+            for d in p.plan.decisions
+        ],
+        "escalations": [
+            {"kind": d.kind, "subject": d.subject, "summary": d.summary} for d in p.doubts
+        ],
+        "unmatched": list(p.decided.unmatched),
+    }
+
+
+def explain(app: App, as_json: bool) -> int:
+    planned = app.controller.plan(app.controller.clock(), write=False)
+    doc = explain_doc(planned)
+    if as_json:
+        print(json.dumps(doc, indent=2, sort_keys=True, default=str))
+        return 0
+    print(
+        f"now {_ts(planned.now)}: {len(planned.facts)} facts, "
+        f"rules {app.controller.rules.book.digest}"
+    )
+    print("\nfacts:")
+    for f in planned.facts:
+        keys = (
+            "status",
+            "stage",
+            "daemon",
+            "sidecar",
+            "tasks_running",
+            "stage_age_s",
+            "restarts_1h",
+            "pending",
+            "running",
+            "instances",
+            "active",
+            "state",
+            "task",
+        )
+        print(f"  {f['kind']:<8} {f['id']:<18} " + " ".join(f"{k}={f[k]}" for k in keys if k in f))
+    print("\nmatching rules:")
+    rules = [m for m in planned.matches if m.rule]
+    for m in rules:
+        print(f"  {m.rule:<34} ← {', '.join(m.facts.values())}")
+    if not rules:
+        print("  (none)")
+    print("\nplan:")
+    for d in doc["plan"]:
+        print(
+            f"  {d['verdict']:<10} {d['action']} {_brief(d['params'])} "
+            f"← {d['proposer']}: {d['why']}"
+        )
+    if not doc["plan"]:
+        print("  (nothing to do)")
+    print("\nwould escalate:")
+    for e in doc["escalations"]:
+        print(f"  {e['kind']:<16} {e['subject']}: {e['summary']}")
+    if not doc["escalations"]:
+        print("  (nothing)")
+    return 0
+
+
+def print_actions(rows: list[dict[str, Any]]) -> None:
+    for r in rows:
+        print(
+            f"#{r['id']:<5} {_ts(r['at'])} {r['verdict']:<10} {r['status']:<8} {r['action']:<14} "
+            f"{_brief(r['params']):<28} ← {r['proposer']}: {r['why']}"
+        )
+    if not rows:
+        print("(no actions)")
+
+
+def escalations(app: App, args: argparse.Namespace, by: str) -> int:
+    j, sub = app.journal, args.esc_command
+    if sub == "list":
+        rows = j.escalations(status=args.status)
+        if args.json:
+            print(json.dumps(rows, indent=2, sort_keys=True, default=str))
+        else:
+            for e in rows:
+                print(
+                    f"#{e['id']:<4} {_ts(e['created_at'])} {e['status']:<9} {e['kind']:<16} "
+                    f"{e['subject']}: {e['summary']}"
+                )
+            if not rows:
+                print("(no escalations)")
+        return 0
+    if sub == "show":
+        esc = j.escalation(args.id)
+        if esc is None:
+            raise approvals.ApprovalError(f"no escalation #{args.id}")
+        esc["deliveries"] = j.deliveries(args.id)
+        esc["llm_calls"] = j.llm_calls(args.id)
+        esc["actions"] = j.actions_for_escalation(args.id)
+        print(json.dumps(esc, indent=2, sort_keys=True, default=str))
+        return 0
+    now = app.controller.clock()
+    if sub == "deny":
+        approvals.deny(j, args.id, by=by, now=now)
+        app.controller.escalator.closed(args.id)
+        print(f"escalation #{args.id} denied by {by}")
+        return 0
+    params = _params(args.param) if args.param else None
+    answer = approvals.approve(
+        j, args.id, by=by, now=now, action=args.action, params=params, override=args.override
+    )
+    app.controller.escalator.closed(args.id)
+    print(
+        f"escalation #{args.id} approved by {by}: {answer['action']} {_brief(answer['params'])} "
+        "runs through the guards on the next tick"
+    )
+    return 0
+
+
+def _params(pairs: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep:
+            raise approvals.ApprovalError(f"--param {pair!r}: expected KEY=VALUE")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
+def print_status(st: dict[str, Any]) -> None:
+    last = st["last_tick"]
+    print(f"provider {st['provider']}  rules {st['rules']}  paused {st['paused']}")
+    if last:
+        print(f"last tick #{last['id']} at {_ts(last['started_at'])}: {_brief(last['summary'])}")
+    stages = ", ".join(f"{k} {v}" for k, v in sorted(st["by_stage"].items()))
+    print(f"instances {st['instances']} ({stages or 'none'}), spend ${st['spend_per_h']}/h")
+    queue = {
+        task: f"{v['pending']} pending/{v['running']} running" for task, v in st["demand"].items()
+    }
+    print(f"demand: {_brief(queue)}")
+    print(f"pending escalations: {st['pending_escalations']}")
+    lead = st["leader"]
+    if lead["live"]:
+        print(f"leader: {lead['holder']} (token {lead['token']}, lease "
+              f"{lead['expires_in_s']:.0f} s left)")  # fmt: skip
+    else:
+        print("leader: none" + (f" (last {lead['holder']}, token {lead['token']})"
+                                if lead["holder"] else ""))  # fmt: skip
+
+
+def tick_once(app: App) -> int:
+    """`fleetgate tick` (cron): one tick, only if no other controller leads; then let go."""
+    from controller.store.lease import read
+
+    lease = wiring.lease(app.config, app.journal)
+    if not lease.renew():
+        st = read(app.journal, lease.name)
+        print(f"fleetgate: {st.holder} leads (token {st.token}, {st.expires_in_s:.0f} s left): "
+              "not ticking", file=sys.stderr)  # fmt: skip
+        return 0
+    try:
+        app.controller.tick()
+    finally:
+        lease.release()
+    return 0
+
+
+def llm_check(app: App, threshold: float | None) -> int:
+    """Probe the configured LLM with fixed situations; remember the result for require_check."""
+    from escalation.llm_check import check_passes, format_report, run_check
+
+    section = app.config.escalation.llm
+    if section is None:
+        print("no LLM is configured (escalation.llm in the config)", file=sys.stderr)
+        return 2
+    limit = section.check_threshold if threshold is None else threshold
+    renderer = Renderer(app.config.escalation.templates_dir)
+    from escalation.llm import MemoryUsage
+
+    client = wiring.llm_client(
+        app.config, app.journal, renderer, enforce_check=False, usage=MemoryUsage()
+    )  # the probes spend no service budget
+    assert client is not None
+    report = run_check(client)
+    print(format_report(report))
+    ok = check_passes(report, limit)
+    app.journal.put(
+        wiring.CHECK_KEY,
+        {
+            "base_url": section.base_url,
+            "model": section.model,
+            "ratio": report.ratio,
+            "at": app.controller.clock(),
+        },
+    )
+    print(f"{'PASS' if ok else 'FAIL'}: {report.ratio:.0%} of probes passed (need {limit:.0%})")
+    return 0 if ok else 1

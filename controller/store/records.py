@@ -1,0 +1,364 @@
+"""What instances tell the controller about themselves: registration, stages, heartbeats, logs.
+
+The instance side of the fleet (DOMAIN.md, "The prior art this project replaces"): each instance's
+agent registers (label, minimum rate), reports its boot milestones, heartbeats with the cuzk
+daemon's uptime, and pushes log lines. The controller queues commands for an instance (only
+`restart_daemon` today); the agent picks them up with its next heartbeat and reports the result.
+A command not picked up before its deadline is *overdue*: the controller falls back to a vast
+reboot and completes the command itself, so the agent never gets it late.
+
+Stages name the last milestone an instance reported, in order, only forward (skipping ahead is
+allowed, so an agent that lost one report can still go on; a repeated report changes nothing):
+
+    registered  the agent registered; proof parameters are being fetched
+    params      parameters are downloaded; the benchmark is running
+    bench       the benchmark is done (`bench_rate`, proofs/hour); Curio is starting
+    running     serving proofs
+
+Tables live in the journal's database and are created here, through `Journal.tx()`. This module
+must NOT do HTTP, read the clock (every `now` is passed in) or decide anything about an instance:
+it stores what instances said, and what was asked of them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+from dataclasses import dataclass
+from typing import Any
+
+from controller.store.backend import Tx
+from controller.store.journal import Journal
+
+LIFECYCLE_STAGES = ("registered", "params", "bench", "running")
+COMMANDS = ("restart_daemon",)
+MAX_LOG_LINES = 500  # kept per instance; older lines are dropped
+MAX_LINE_CHARS = 2000
+
+SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS instance_records (
+      label TEXT PRIMARY KEY, vast_id TEXT, machine_id TEXT, host_and_port TEXT,
+      stage TEXT NOT NULL, stage_at REAL NOT NULL, min_rate REAL, bench_rate REAL,
+      registered_at REAL NOT NULL, last_heartbeat REAL, daemon_uptime_s REAL,
+      daemon_state TEXT, agent_version TEXT)""",
+    "CREATE INDEX IF NOT EXISTS instance_records_vast ON instance_records(vast_id)",
+    "CREATE INDEX IF NOT EXISTS instance_records_hp ON instance_records(host_and_port)",
+    """CREATE TABLE IF NOT EXISTS instance_logs (
+      id INTEGER PRIMARY KEY, label TEXT NOT NULL, at REAL NOT NULL, line TEXT NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS instance_logs_label ON instance_logs(label, id)",
+    """CREATE TABLE IF NOT EXISTS instance_commands (
+      id INTEGER PRIMARY KEY, label TEXT NOT NULL, command TEXT NOT NULL,
+      created_at REAL NOT NULL, deadline REAL NOT NULL, picked_at REAL, done_at REAL,
+      result TEXT)""",
+    "CREATE INDEX IF NOT EXISTS instance_commands_label ON instance_commands(label, done_at)",
+)
+
+
+class LifecycleError(Exception):
+    """Something an instance reported could not be stored.
+
+    LifecycleError
+    ├── UnknownInstance   no record has that label (the agent never registered)
+    ├── UnknownCommand    no command has that id (for that instance)
+    └── StageOrderError   a stage earlier than the one recorded
+    """
+
+
+class UnknownInstance(LifecycleError):
+    pass
+
+
+class UnknownCommand(LifecycleError):
+    pass
+
+
+class StageOrderError(LifecycleError):
+    pass
+
+
+@dataclass(frozen=True)
+class Record:
+    """One instance as it described itself (and as the controller linked it to vast)."""
+
+    label: str
+    vast_id: str | None
+    machine_id: str | None
+    host_and_port: str | None  # the Curio node's, as in harmony_machines
+    stage: str  # one of LIFECYCLE_STAGES
+    stage_at: float
+    min_rate: float | None  # proofs/hour the instance must bench at least
+    bench_rate: float | None
+    registered_at: float
+    last_heartbeat: float | None
+    daemon_uptime_s: float | None
+    daemon_state: str | None  # supervisord's state of the daemon (RUNNING, FATAL, ...)
+    agent_version: str | None
+
+
+@dataclass(frozen=True)
+class Command:
+    id: int
+    label: str
+    command: str
+    created_at: float
+    deadline: float
+    picked_at: float | None
+    done_at: float | None
+    result: dict[str, Any] | None  # {"ok": bool, "detail": str}
+
+
+@dataclass(frozen=True)
+class LogLine:
+    at: float
+    line: str
+
+
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]")
+_INVISIBLE = {"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"}
+
+
+def sanitize(line: str) -> str:
+    """One printable line: ANSI escapes and control characters removed, tabs as spaces, capped."""
+    text = _ANSI.sub("", line.rstrip("\r\n")).replace("\t", " ")
+    text = "".join(c for c in text if unicodedata.category(c) not in _INVISIBLE)
+    return text if len(text) <= MAX_LINE_CHARS else text[: MAX_LINE_CHARS - 1] + "…"
+
+
+def vast_id_of(label: str) -> str | None:
+    """The vast instance id in a container label `C.<id>`, else None."""
+    m = re.fullmatch(r"C\.(\d+)", label)
+    return m[1] if m else None
+
+
+class LifecycleStore:
+    """The instance-side records, in the journal's database. Safe to share between threads."""
+
+    def __init__(self, journal: Journal) -> None:
+        self._j = journal
+        journal.store.create(SCHEMA)
+
+    # ---- records ---------------------------------------------------------------------------
+    def register(
+        self,
+        label: str,
+        vast_id: str | None,
+        min_rate: float | None,
+        host_and_port: str | None,
+        now: float,
+        agent_version: str | None = None,
+    ) -> Record:
+        """Create the record at stage `registered`; registering again only fills in fields."""
+        vast_id = vast_id or vast_id_of(label)
+        with self._j.tx() as db:
+            db.execute(
+                "INSERT INTO instance_records(label, vast_id, host_and_port, stage, stage_at, "
+                "min_rate, registered_at, agent_version) "
+                "VALUES (?, ?, ?, 'registered', ?, ?, ?, ?) "
+                "ON CONFLICT(label) DO UPDATE SET "
+                "vast_id = COALESCE(excluded.vast_id, instance_records.vast_id), "
+                "host_and_port = COALESCE(excluded.host_and_port, instance_records.host_and_port), "
+                "min_rate = COALESCE(excluded.min_rate, instance_records.min_rate), "
+                "agent_version = COALESCE(excluded.agent_version, instance_records.agent_version)",
+                (label, vast_id, host_and_port, now, min_rate, now, agent_version),
+            )
+        return self._require(label)
+
+    def link(
+        self,
+        label: str,
+        *,
+        vast_id: str | None = None,
+        machine_id: str | None = None,
+        host_and_port: str | None = None,
+    ) -> None:
+        """What the controller learned from the vast listing and Curio's tables (the agent may
+        not know it, or may have said otherwise): it overrides what the agent reported."""
+        with self._j.tx() as db:
+            cur = db.execute(
+                "UPDATE instance_records SET vast_id = COALESCE(?, vast_id), "
+                "machine_id = COALESCE(?, machine_id), "
+                "host_and_port = COALESCE(?, host_and_port) WHERE label = ?",
+                (vast_id, machine_id, host_and_port, label),
+            )
+            if cur.rowcount != 1:
+                raise UnknownInstance(f"no instance registered as {label!r}")
+
+    def advance(
+        self, label: str, stage: str, now: float, bench_rate: float | None = None
+    ) -> Record:
+        """Move to `stage`: forward only; the stage already recorded is a no-op."""
+        if stage not in LIFECYCLE_STAGES:
+            raise ValueError(f"unknown stage {stage!r} (expected one of {LIFECYCLE_STAGES})")
+        with self._j.tx() as db:
+            row = db.execute("SELECT stage FROM instance_records WHERE label = ?", (label,))
+            found = row.fetchone()
+            if found is None:
+                raise UnknownInstance(f"no instance registered as {label!r}")
+            have, want = LIFECYCLE_STAGES.index(found["stage"]), LIFECYCLE_STAGES.index(stage)
+            if want < have:
+                raise StageOrderError(
+                    f"instance {label!r} is at stage {found['stage']!r}; cannot go back to "
+                    f"{stage!r}"
+                )
+            if want > have:
+                db.execute(
+                    "UPDATE instance_records SET stage = ?, stage_at = ?, "
+                    "bench_rate = COALESCE(?, bench_rate) WHERE label = ?",
+                    (stage, now, bench_rate, label),
+                )
+        return self._require(label)
+
+    def records(self) -> dict[str, Record]:
+        rows = self._j._all("SELECT * FROM instance_records ORDER BY label")
+        return {r["label"]: Record(**r) for r in rows}
+
+    def record(self, label: str) -> Record | None:
+        row = self._j._one("SELECT * FROM instance_records WHERE label = ?", (label,))
+        return Record(**row) if row else None
+
+    def resolve(self, any_id: str) -> Record | None:
+        """The one record named by a launch label, vast id, `C.<vast id>` or Curio host:port.
+
+        A label matches first; otherwise every other way of naming must agree on one record
+        (None when nothing, or more than one record, matches).
+        """
+        exact = self.record(any_id)
+        if exact is not None or not any_id:
+            return exact
+        vast_id = vast_id_of(any_id) or any_id
+        rows = self._j._all(
+            "SELECT * FROM instance_records WHERE vast_id = ? OR label = ? OR host_and_port = ?",
+            (vast_id, f"C.{vast_id}", any_id),
+        )
+        return Record(**rows[0]) if len(rows) == 1 else None
+
+    def forget(self, label: str) -> None:
+        """Drop an instance's record, logs and commands (it is gone from vast)."""
+        with self._j.tx() as db:
+            for table in ("instance_records", "instance_logs", "instance_commands"):
+                db.execute(f"DELETE FROM {table} WHERE label = ?", (label,))
+
+    def _require(self, label: str) -> Record:
+        found = self.record(label)
+        if found is None:
+            raise UnknownInstance(f"no instance registered as {label!r}")
+        return found
+
+    # ---- heartbeats and commands -----------------------------------------------------------
+    def heartbeat(
+        self,
+        label: str,
+        now: float,
+        daemon_uptime_s: float | None = None,
+        daemon_state: str | None = None,
+    ) -> list[Command]:
+        """Note the heartbeat; return the instance's pending commands, now marked picked."""
+        with self._j.tx() as db:
+            cur = db.execute(
+                "UPDATE instance_records SET last_heartbeat = ?, daemon_uptime_s = ?, "
+                "daemon_state = ? WHERE label = ?",
+                (now, daemon_uptime_s, daemon_state, label),
+            )
+            if cur.rowcount != 1:
+                raise UnknownInstance(f"no instance registered as {label!r}")
+            pending = db.execute(
+                "SELECT * FROM instance_commands WHERE label = ? AND picked_at IS NULL "
+                "AND done_at IS NULL AND deadline > ? ORDER BY id",
+                (label, now),
+            ).fetchall()
+            db.executemany(
+                "UPDATE instance_commands SET picked_at = ? WHERE id = ?",
+                [(now, c["id"]) for c in pending],
+            )
+        return [_command({**c, "picked_at": now}) for c in pending]
+
+    def queue_command(self, label: str, command: str, now: float, deadline_s: float) -> int:
+        """Queue `command` for `label`; an outstanding identical command is reused (its id)."""
+        if command not in COMMANDS:
+            raise ValueError(f"unknown command {command!r} (expected one of {COMMANDS})")
+        if not deadline_s > 0:
+            raise ValueError(f"deadline_s must be positive, got {deadline_s!r}")
+        with self._j.tx() as db:
+            _require_in(db, label)
+            open_ = db.execute(
+                "SELECT id FROM instance_commands WHERE label = ? AND command = ? AND "
+                "done_at IS NULL AND (picked_at IS NOT NULL OR deadline > ?)",
+                (label, command, now),
+            ).fetchone()
+            if open_:
+                return int(open_["id"])
+            return db.insert(
+                "INSERT INTO instance_commands(label, command, created_at, deadline) "
+                "VALUES (?, ?, ?, ?)",
+                (label, command, now, now + deadline_s),
+            )
+
+    def overdue_commands(self, now: float) -> list[Command]:
+        """Commands no heartbeat picked up before their deadline (and nobody completed)."""
+        rows = self._j._all(
+            "SELECT * FROM instance_commands WHERE picked_at IS NULL AND done_at IS NULL "
+            "AND deadline <= ? ORDER BY id",
+            (now,),
+        )
+        return [_command(r) for r in rows]
+
+    def complete(
+        self, command_id: int, result: dict[str, Any], now: float, label: str | None = None
+    ) -> bool:
+        """Store a command's result; False if it was already done. `label` checks the owner."""
+        with self._j.tx() as db:
+            row = db.execute(
+                "SELECT label, done_at FROM instance_commands WHERE id = ?", (command_id,)
+            ).fetchone()
+            if row is None or (label is not None and row["label"] != label):
+                raise UnknownCommand(f"no command #{command_id} for instance {label!r}")
+            if row["done_at"] is not None:
+                return False
+            db.execute(
+                "UPDATE instance_commands SET done_at = ?, result = ? WHERE id = ?",
+                (now, json.dumps(result, sort_keys=True, default=str), command_id),
+            )
+            return True
+
+    def command(self, command_id: int) -> Command | None:
+        row = self._j._one("SELECT * FROM instance_commands WHERE id = ?", (command_id,))
+        return _command(row) if row else None
+
+    def commands(self, label: str) -> list[Command]:
+        rows = self._j._all("SELECT * FROM instance_commands WHERE label = ? ORDER BY id", (label,))
+        return [_command(r) for r in rows]
+
+    # ---- logs ------------------------------------------------------------------------------
+    def push_logs(self, label: str, lines: list[str], now: float) -> int:
+        """Append sanitized lines, keeping the last MAX_LOG_LINES; returns how many were kept."""
+        clean = [sanitize(line) for line in lines[-MAX_LOG_LINES:]]
+        with self._j.tx() as db:
+            _require_in(db, label)
+            db.executemany(
+                "INSERT INTO instance_logs(label, at, line) VALUES (?, ?, ?)",
+                [(label, now, line) for line in clean],
+            )
+            db.execute(
+                "DELETE FROM instance_logs WHERE label = ? AND id <= (SELECT id FROM "
+                "instance_logs WHERE label = ? ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                (label, label, MAX_LOG_LINES),
+            )
+        return len(clean)
+
+    def logs(self, label: str, limit: int = MAX_LOG_LINES) -> list[LogLine]:
+        rows = self._j._all(
+            "SELECT at, line FROM instance_logs WHERE label = ? ORDER BY id DESC LIMIT ?",
+            (label, limit),
+        )
+        return [LogLine(r["at"], r["line"]) for r in rows[::-1]]
+
+
+def _require_in(db: Tx, label: str) -> None:
+    if db.execute("SELECT 1 FROM instance_records WHERE label = ?", (label,)).fetchone() is None:
+        raise UnknownInstance(f"no instance registered as {label!r}")
+
+
+def _command(row: dict[str, Any]) -> Command:
+    result = json.loads(row["result"]) if row.get("result") else None
+    return Command(**{**row, "result": result})

@@ -1,0 +1,171 @@
+"""Three ways to run the same tasks without fleetgate, to judge its cost and waits against.
+
+- `static_peak`: a fixed fleet sized for the trace's peak concurrency, up for the whole horizon.
+- `proportional`: a KEDA/HPA-style scaler. Every `interval_s` it wants
+  ceil((waiting + running) / tasks_per_instance) instances; it launches at once to grow and
+  shrinks only to the highest target of the last `cooldown_s` (the scale-down stabilization
+  window), giving back idle instances only. A new instance serves after `boot_s`.
+- `oracle`: a lower bound on cost. It knows every arrival in advance; each task starts the
+  moment it arrives on an instance started exactly one boot time before it is needed, tasks
+  pack perfectly (ceil(running / slots) instances), and between two needs an instance is kept
+  idle when that is cheaper than another boot. Cost = busy instance-time + boot per start (+ the
+  idle gaps kept), so no policy with these instances can pay less without making tasks wait.
+
+All assume every instance serves a task in its trace service time (the simulator's reference
+rate) and never fails. Pure: tasks and parameters in, an `Outcome` out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from controller.sim.trace import TraceTask
+from controller.tools.replay.fifo import FifoFleet
+from controller.tools.replay.results import BaselineParams, Outcome, Sample
+
+
+def within(tasks: Sequence[TraceTask], horizon_s: float) -> list[TraceTask]:
+    """The tasks that arrive before the horizon, by arrival."""
+    return sorted((t for t in tasks if t.arrival_s < horizon_s), key=lambda t: t.arrival_s)
+
+
+def concurrency_steps(tasks: Sequence[TraceTask], horizon_s: float) -> list[tuple[float, int]]:
+    """(time, tasks running from then on) if every task ran from its arrival, up to the horizon."""
+    changes: dict[float, int] = {}
+    for task in within(tasks, horizon_s):
+        end = task.arrival_s + task.service_s
+        changes[task.arrival_s] = changes.get(task.arrival_s, 0) + 1
+        if end < horizon_s:
+            changes[end] = changes.get(end, 0) - 1
+    steps, level = [], 0
+    for when in sorted(changes):
+        level += changes[when]
+        steps.append((when, level))
+    return steps
+
+
+def peak_concurrency(tasks: Sequence[TraceTask], horizon_s: float) -> int:
+    """Most tasks running at once if each started on arrival (intervals are [start, end))."""
+    return max((level for _, level in concurrency_steps(tasks, horizon_s)), default=0)
+
+
+def static_peak(tasks: Sequence[TraceTask], p: BaselineParams) -> Outcome:
+    """A fixed fleet for the peak: ceil(peak concurrency / slots), capped at max_instances.
+
+    Booted before the trace starts (its boot is billed), serving from 0 to the horizon.
+    """
+    kept = within(tasks, p.horizon_s)
+    size = math.ceil(peak_concurrency(kept, p.horizon_s) / p.slots)
+    if p.max_instances is not None:
+        size = min(size, p.max_instances)
+    fleet = FifoFleet(kept, p.slots)
+    for _ in range(size):
+        fleet.launch(-p.boot_s, 0.0)
+    series = [_sample(fleet, t, p) for t in _sample_times(p, fleet)]
+    return _outcome("static", fleet, p, series, notes={"instances": size})
+
+
+def proportional(tasks: Sequence[TraceTask], p: BaselineParams) -> Outcome:
+    """The KEDA/HPA-style scaler (see the module docstring)."""
+    fleet = FifoFleet(within(tasks, p.horizon_s), p.slots)
+    window: deque[tuple[float, int]] = deque()  # (time, target) within the cooldown
+    series: list[Sample] = []
+    hours = {"booting": 0.0, "busy": 0.0, "idle": 0.0}  # per poll, until the next one
+    next_sample = 0.0
+    polls = math.floor(p.horizon_s / p.interval_s)
+    for k in range(polls + 1):
+        t = k * p.interval_s
+        fleet.run_until(t)
+        target = math.ceil(fleet.in_system() / p.tasks_per_instance)
+        if p.max_instances is not None:
+            target = min(target, p.max_instances)
+        window.append((t, target))
+        while window[0][0] < t - p.cooldown_s:
+            window.popleft()
+        live = fleet.live()
+        if target > live:
+            for _ in range(target - live):
+                fleet.launch(t, t + p.boot_s)
+        else:
+            fleet.remove_idle(live - max(w for _, w in window), t)
+        for state, count in fleet.states(t).items():
+            hours[state] += count * min(p.interval_s, p.horizon_s - t) / 3600.0
+        if t >= next_sample:
+            series.append(_sample(fleet, t, p))
+            next_sample += p.sample_s
+    fleet.run_until(p.horizon_s)
+    notes = {"cooldown_s": p.cooldown_s, "interval_s": p.interval_s,
+             "instance_hours_by_state": {k: round(v, 4) for k, v in hours.items()}}  # fmt: skip
+    return _outcome("proportional", fleet, p, series, notes=notes)
+
+
+def oracle(tasks: Sequence[TraceTask], p: BaselineParams) -> Outcome:
+    """The lower bound (see the module docstring); every wait is 0."""
+    kept = within(tasks, p.horizon_s)
+    steps = concurrency_steps(kept, p.horizon_s)
+    on_since: dict[int, float] = {}  # level -> when it last turned on
+    off_since: dict[int, float] = {}  # level -> when it last turned off
+    paid, starts, peak, now_running = 0.0, 0, 0, 0
+    series: list[Sample] = []
+    samples = iter(_grid(p))
+    next_sample = next(samples, math.inf)
+    for when, running in [*steps, (math.inf, 0)]:
+        while next_sample < when and next_sample <= p.horizon_s:
+            open_s = sum(next_sample - s for s in on_since.values())
+            spend = (paid + open_s) / 3600.0 * p.dph
+            series.append(Sample(next_sample, 0, now_running, 0, len(on_since), 0, spend))
+            next_sample = next(samples, math.inf)
+        if when == math.inf:
+            break
+        need = math.ceil(running / p.slots)
+        for k in range(len(on_since) + 1, need + 1):  # levels turning on
+            gap = when - off_since.pop(k, -math.inf)
+            if gap > p.boot_s:
+                starts, paid = starts + 1, paid + p.boot_s
+            else:
+                paid += gap  # kept idle through a gap shorter than a boot
+            on_since[k] = when
+        for k in range(need + 1, len(on_since) + 1):  # levels turning off
+            paid += when - on_since.pop(k)
+            off_since[k] = when
+        peak, now_running = max(peak, need), running
+    paid += sum(p.horizon_s - s for s in on_since.values())
+    return Outcome(
+        name="oracle", instance_s=paid, dph=p.dph, gpus_per_instance=p.gpus_per_instance,
+        waits=tuple(0.0 for _ in kept), censored=0, instances_started=starts,
+        peak_instances=peak, series=tuple(series),
+    )  # fmt: skip
+
+
+def _grid(p: BaselineParams) -> Iterator[float]:
+    n = math.floor(p.horizon_s / p.sample_s)
+    return (k * p.sample_s for k in range(n + 1))
+
+
+def _sample_times(p: BaselineParams, fleet: FifoFleet) -> Iterator[float]:
+    """The sample grid, moving `fleet` to each point before it is sampled."""
+    for t in _grid(p):
+        fleet.run_until(t)
+        yield t
+    fleet.run_until(p.horizon_s)
+
+
+def _sample(fleet: FifoFleet, t: float, p: BaselineParams) -> Sample:
+    booting = fleet.booting()
+    spend = fleet.instance_seconds(t) / 3600.0 * p.dph
+    return Sample(t, fleet.queued(), fleet.running(), booting, fleet.live() - booting, 0, spend)
+
+
+def _outcome(
+    name: str, fleet: FifoFleet, p: BaselineParams, series: list[Sample], notes: dict[str, Any]
+) -> Outcome:
+    censored = fleet.censored_waits(p.horizon_s)
+    return Outcome(
+        name=name, instance_s=fleet.instance_seconds(p.horizon_s), dph=p.dph,
+        gpus_per_instance=p.gpus_per_instance, waits=tuple(fleet.waits + censored),
+        censored=len(censored), instances_started=fleet.started, peak_instances=fleet.peak,
+        series=tuple(series), notes=dict(notes),
+    )  # fmt: skip

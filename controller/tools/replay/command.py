@@ -1,0 +1,200 @@
+"""`fleetgate simulate`: replay a trace through the controller and four baselines.
+
+1. load the config (the simulator's world, rules, guards, settings) and the trace;
+2. cut the trace to the horizon (`--days`, else the last arrival plus the deadline), in whole
+   ticks;
+3. run fleetgate on it (`run.run_fleetgate`), its journal in REPORT/state;
+4. run the baselines on the same tasks, with the world's boot time, slots and fleet cap: three
+   in the fluid model, the proportional one again on the simulated world (`in_world`);
+5. write REPORT/report.json and REPORT/simulate.png; print the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from controller.service.config import Config, load_config
+from controller.sim import SimConfig, Simulation
+from controller.sim.trace import TraceTask, load_trace
+from controller.tools.replay import baselines, in_world, report
+from controller.tools.replay.results import BaselineParams, mean_boot_s
+from controller.tools.replay.run import (
+    FleetgateRun,
+    RunSpec,
+    run_fleetgate,
+    ticks_for,
+    trace_config,
+)
+
+DAY = 86400.0
+DEADLINE_S = 3600.0
+COOLDOWN_S = 300.0
+SAMPLES = 3000  # points per time series in the chart
+
+
+def add_parser(sub: Any) -> None:
+    """The `simulate` subcommand and its options (`sub`: the CLI's subparsers)."""
+    p = sub.add_parser("simulate", help="replay a task trace: fleetgate beside four baselines")
+    add = p.add_argument
+    add("--trace", required=True, metavar="FILE", help="CSV of tasks")
+    add("--days", type=float, metavar="N",
+        help="virtual days to run (default: to the last arrival plus the deadline)")  # fmt: skip
+    add("--config", dest="simulate_config", metavar="FILE",
+        help="config file (default: the global --config, else the defaults)")  # fmt: skip
+    add("--report", default="simulate-report", metavar="DIR",
+        help="report.json, simulate.png and the journal (default: ./simulate-report)")  # fmt: skip
+    add("--seed", type=int, metavar="S", help="simulator seed (default: the config's sim.seed)")
+    add("--arrival-col", default="creation_time", metavar="COL",
+        help="arrival time column, seconds (default: creation_time)")  # fmt: skip
+    end = p.add_mutually_exclusive_group()
+    end.add_argument("--end-col", default="deletion_time", metavar="COL",
+                     help="end time column, seconds (default: deletion_time)")  # fmt: skip
+    end.add_argument("--service-col", metavar="COL",
+                     help="service time column, seconds (instead of --end-col)")  # fmt: skip
+    add("--gpu-col", default="num_gpu", metavar="COL",
+        help="rows where it is 0 are skipped (default: num_gpu; '' keeps every row)")  # fmt: skip
+    add("--time-scale", type=float, metavar="F", help="factor on arrival times "
+        "(default: the config's sim.world.trace_time_scale, else 1)")  # fmt: skip
+    add("--service-scale", type=float, metavar="F", help="factor on service times "
+        "(default: the config's sim.world.trace_service_scale, else 1)")  # fmt: skip
+    add("--max-service-s", type=float, metavar="S",
+        help="cap on a service time after scaling (default: none)")  # fmt: skip
+    add("--deadline-s", type=float, default=DEADLINE_S, metavar="S",
+        help=f"a task waiting longer to start misses it (default: {DEADLINE_S:g})")  # fmt: skip
+    add("--cooldown-s", type=float, default=COOLDOWN_S, metavar="S",
+        help=f"proportional baseline's scale-down window (default: {COOLDOWN_S:g})")  # fmt: skip
+    add("--baseline-dph", type=float, metavar="USD",
+        help="baselines' $ per instance-hour (default: fleetgate's average)")  # fmt: skip
+    add("--answer-after-s", type=float, metavar="S", help="a stand-in operator answers each "
+        "escalation this long after it is raised (default: nobody answers)")  # fmt: skip
+
+
+def simulate(args: argparse.Namespace) -> int:
+    """Steps 1 to 5; 2 on a bad trace or option, 0 otherwise."""
+    from controller.tools.replay import chart  # matplotlib takes a while to import: only here
+
+    started = time.perf_counter()
+    config = load_config(args.simulate_config or args.config)
+    problem = _check(args, config)
+    if problem:
+        print(f"fleetgate simulate: {problem}", file=sys.stderr)
+        return 2
+    scales = (_scale(args.time_scale, config, "trace_time_scale"),
+              _scale(args.service_scale, config, "trace_service_scale"))  # fmt: skip
+    try:
+        tasks = _load(args, scales)
+    except (ValueError, OSError) as exc:
+        print(f"fleetgate simulate: {exc}", file=sys.stderr)
+        return 2
+    if not tasks:
+        print(f"fleetgate simulate: no tasks in {args.trace}", file=sys.stderr)
+        return 2
+    step = config.sim.seconds_per_tick
+    span = args.days * DAY if args.days else tasks[-1].arrival_s + args.deadline_s
+    ticks = ticks_for(span, step)
+    horizon = ticks * step
+    tasks = baselines.within(tasks, horizon)
+    sample_ticks = max(1, round(ticks / SAMPLES))
+    out = Path(args.report)
+    seed = config.sim.seed if args.seed is None else args.seed
+    spec = RunSpec(tasks, ticks, out / "state", seed=seed, sample_ticks=sample_ticks,
+                   progress=sys.stderr.isatty(), answer_after_s=args.answer_after_s)  # fmt: skip
+    run = run_fleetgate(config, spec)
+    params = _params(args, config, run, horizon, sample_ticks * step)
+    world = Simulation(SimConfig.model_validate(
+        trace_config(config, spec.state / "trace.csv").sim.world), seed)  # fmt: skip
+    outcomes = [run.outcome, baselines.static_peak(tasks, params),
+                baselines.proportional(tasks, params),
+                in_world.proportional_in_world(world, params, ticks),
+                baselines.oracle(tasks, params)]  # fmt: skip
+    meta = _meta(args, scales, tasks, ticks, seed, run)
+    chart.draw(out / "simulate.png", outcomes, _title(args, meta))
+    meta["wall_s"] = {"total": round(time.perf_counter() - started, 2),
+                      "fleetgate": round(run.wall_s, 2)}  # fmt: skip
+    doc = report.build(outcomes, params, run=_run_doc(run), meta=meta)
+    report.write(out, doc)
+    print(report.render(doc))
+    print(f"report: {out / 'report.json'}, chart: {out / 'simulate.png'}, "
+          f"journal: fleetgate --state {out / 'state'} actions")  # fmt: skip
+    return 0
+
+
+def _check(args: argparse.Namespace, config: Config) -> str:
+    if config.provider != "sim" or config.demand != "sim":
+        return (f"the config's provider is {config.provider!r} and demand {config.demand!r}; "
+                "simulate runs the built-in simulator (provider: sim, demand: sim)")  # fmt: skip
+    names = ("days", "time_scale", "service_scale", "max_service_s", "deadline_s", "baseline_dph")
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            return f"--{name.replace('_', '-')} must be > 0, got {value!r}"
+    if args.cooldown_s < 0 or (args.answer_after_s is not None and args.answer_after_s < 0):
+        return "--cooldown-s and --answer-after-s must be >= 0"
+    return ""
+
+
+def _scale(given: float | None, config: Config, key: str) -> float:
+    if given is not None:
+        return given
+    return float(config.sim.world[key]) if key in config.sim.world else 1.0
+
+
+def _load(args: argparse.Namespace, scales: tuple[float, float]) -> list[TraceTask]:
+    return load_trace(
+        args.trace,
+        arrival_col=args.arrival_col,
+        end_col=args.end_col,
+        service_col=args.service_col,
+        filter_gpu_col=args.gpu_col or None,
+        time_scale=scales[0],
+        service_scale=scales[1],
+        max_service_s=args.max_service_s,
+    )
+
+
+def _params(
+    args: argparse.Namespace, config: Config, run: FleetgateRun, horizon: float, sample_s: float
+) -> BaselineParams:
+    world = SimConfig.model_validate(config.sim.world)
+    return BaselineParams(
+        boot_s=mean_boot_s(world), dph=args.baseline_dph or run.outcome.dph,
+        slots=world.slots_per_instance, horizon_s=horizon, deadline_s=args.deadline_s,
+        tasks_per_instance=int(config.settings.get("tasks_per_instance", 2)),
+        interval_s=config.sim.seconds_per_tick, cooldown_s=args.cooldown_s,
+        max_instances=config.guards.max_instances, sample_s=sample_s,
+    )  # fmt: skip
+
+
+def _meta(args: argparse.Namespace, scales: tuple[float, float], tasks: list[TraceTask],
+          ticks: int, seed: int, run: FleetgateRun) -> dict[str, Any]:  # fmt: skip
+    step = run.seconds_per_tick
+    return {
+        "config": args.simulate_config or args.config,
+        "trace": {"path": str(args.trace), "arrival_col": args.arrival_col,
+                  "end_col": None if args.service_col else args.end_col,
+                  "service_col": args.service_col, "gpu_col": args.gpu_col or None,
+                  "time_scale": scales[0], "service_scale": scales[1],
+                  "max_service_s": args.max_service_s},  # fmt: skip
+        "tasks": len(tasks), "ticks": ticks, "seconds_per_tick": step, "seed": seed,
+        "horizon_s": ticks * step, "days": ticks * step / DAY, "deadline_s": args.deadline_s,
+        "answer_after_s": args.answer_after_s,
+        "ticks_per_s": round(ticks / run.wall_s, 1) if run.wall_s > 0 else None,
+    }  # fmt: skip
+
+
+def _title(args: argparse.Namespace, meta: dict[str, Any]) -> str:
+    return (f"fleetgate simulate: {Path(args.trace).name}, {meta['tasks']} tasks, "
+            f"{meta['days']:.1f} days")  # fmt: skip
+
+
+def _run_doc(run: FleetgateRun) -> dict[str, Any]:
+    sim = run.sim
+    return {**run.journal, "answers": run.answers, "instance_hours_by_state": run.hours_by_state,
+            "tasks_arrived": sim["tasks_arrived"], "tasks_completed": sim["tasks_completed"],
+            "tasks_released": sim["tasks_released"],
+            "instances_destroyed": sim["instances_destroyed"],
+            "avg_dph": round(run.outcome.dph, 4)}  # fmt: skip
