@@ -20,7 +20,7 @@ class ApprovalError(ValueError):
 
 
 def _pending(journal: Journal, esc_id: int) -> dict[str, Any]:
-    esc = journal.escalation(esc_id)
+    esc = journal.escalations.escalation(esc_id)
     if esc is None:
         raise ApprovalError(f"no escalation #{esc_id}")
     if esc["status"] != "pending":
@@ -64,7 +64,7 @@ def approve(
     answer: dict[str, Any] = {"action": action, "params": checked}
     if override:
         answer["override"] = sorted(set(override))
-    if not journal.answer(esc_id, status="approved", by=by, now=now, answer=answer):
+    if not journal.escalations.answer(esc_id, status="approved", by=by, now=now, answer=answer):
         raise ApprovalError(f"escalation #{esc_id} was answered meanwhile")
     return answer
 
@@ -82,14 +82,14 @@ def _default_params(esc: dict[str, Any], action: str) -> dict[str, Any]:
 
 def deny(journal: Journal, esc_id: int, *, by: str, now: float) -> None:
     _pending(journal, esc_id)
-    if not journal.answer(esc_id, status="denied", by=by, now=now, answer=None):
+    if not journal.escalations.answer(esc_id, status="denied", by=by, now=now, answer=None):
         raise ApprovalError(f"escalation #{esc_id} was answered meanwhile")
 
 
 def approved_proposals(journal: Journal) -> list[Proposal]:
     """Approved answers not yet carried out, as proposals for this tick."""
     out = []
-    for esc in journal.escalations(status="approved"):
+    for esc in journal.escalations.recent(status="approved"):
         ans = esc["answer"] or {}
         out.append(Proposal(
             action=ans["action"], params=ans["params"], proposer=_proposer(str(esc["answered_by"])),
@@ -106,10 +106,12 @@ def approved_proposals(journal: Journal) -> list[Proposal]:
 def expire(journal: Journal, now: float) -> list[Proposal]:
     """Close pending escalations past their deadline; their default actions, as proposals."""
     out = []
-    for esc in journal.escalations(status="pending"):
+    for esc in journal.escalations.recent(status="pending"):
         if esc["deadline"] > now:
             continue
-        if journal.answer(int(esc["id"]), status="expired", by="deadline", now=now, answer=None):
+        if journal.escalations.answer(
+            int(esc["id"]), status="expired", by="deadline", now=now, answer=None
+        ):
             default = esc["default_action"] or {"action": "hold", "params": {}}
             out.append(Proposal(
                 action=default["action"], params=default.get("params", {}),

@@ -30,8 +30,9 @@ from typing import Any, Literal, Protocol
 from urllib.parse import urlsplit
 
 import requests
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from controller.core.fields import Secret
 from escalation.llm_answer import _check_call, _from_json, _from_tools, _message, _raw, _tokens
 from escalation.llm_errors import LLMBudgetExceeded, LLMError, LLMInvalidAnswer, LLMUnavailable
 from escalation.llm_request import (
@@ -58,13 +59,13 @@ log = logging.getLogger(__name__)
 
 
 class LLMSettings(BaseModel):
-    """How to reach the model and how much it may be used."""
+    """How to reach the model and how much it may be used (the config's `escalation.llm`)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     base_url: str = Field(min_length=1)  # up to and including /v1: http://127.0.0.1:8000/v1
     model: str = Field(min_length=1)  # the served model's name
-    api_key: SecretStr | None = None  # sent as a bearer header; never printed
+    api_key: Secret | None = None  # sent as a bearer header; never printed
     timeout_s: float = Field(default=30, gt=0)  # per HTTP attempt
     retries: int = Field(default=3, ge=0, le=10)  # attempts after the first
     backoff_s: float = Field(default=1.0, ge=0)  # doubled each retry, capped at MAX_WAIT_S
@@ -73,6 +74,8 @@ class LLMSettings(BaseModel):
     max_tokens_per_day: int = Field(default=200_000, ge=0)
     temperature: float = Field(default=0.0, ge=0, le=2)
     max_tokens: int = Field(default=800, ge=1)  # of the answer
+    require_check: bool = False  # the service asks it only after `fleetgate llm-check` passed
+    check_threshold: float = Field(default=0.8, ge=0, le=1)  # share of llm-check probes to pass
 
     @field_validator("base_url")
     @classmethod

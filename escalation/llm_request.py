@@ -11,7 +11,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from controller.core.actions import ACTIONS, json_schema
+from controller.core.actions import DESCRIPTORS, json_schema
 from escalation.llm_errors import LLMError
 from escalation.render import Renderer, RenderError, to_json
 from escalation.situation import Situation, sanitize, to_dict
@@ -19,7 +19,6 @@ from escalation.situation import Situation, sanitize, to_dict
 log = logging.getLogger(__name__)
 
 ESCALATE = "escalate_to_human"  # the model's way to hand a situation to people
-NOT_OFFERED = frozenset({"escalate"})  # a rule's "escalate": the model has escalate_to_human
 SYSTEM_TEMPLATE = "prompt_system.txt.j2"
 USER_TEMPLATE = "prompt_user.txt.j2"
 MAX_WAIT_S = 30.0  # longest sleep between attempts, Retry-After included
@@ -28,21 +27,7 @@ RAW_CAP = 2000
 RATIONALE_CAP = 1000
 HOUR, DAY = 3600.0, 86_400.0
 
-# What each action does, in the model's words (tool descriptions and the prompt's action list).
-HELP = {
-    "launch": "Rent `count` new instances with the configured offer filter.",
-    "scale_to": "Bring the fleet to `count` live instances (shrinking drains idle ones first).",
-    "destroy": "Destroy one instance now; tasks still running on it are lost.",
-    "replace": "Launch a replacement; this instance is destroyed once the new one runs, or at "
-    "once if it serves nothing meanwhile.",
-    "drain": "Stop giving new tasks to an instance (Curio unschedulable).",
-    "restart_daemon": "Restart the proving daemon (cuzk) on an instance.",
-    "reboot": "Reboot an instance.",
-    "block_host": "Stop renting a machine for `for` seconds.",
-    "notify": "Send the operators a message; changes nothing.",
-    "hold": "Change nothing for now.",
-    ESCALATE: "Hand the situation to a person. Use it whenever you are unsure.",
-}
+ESCALATE_HELP = "Hand the situation to a person. Use it whenever you are unsure."
 _CONFIDENCE = {
     "type": "number",
     "minimum": 0,
@@ -53,8 +38,11 @@ _RATIONALE = {"type": "string", "minLength": 1, "description": "Why, in one or t
 
 
 def offered_actions(situation: Situation) -> tuple[str, ...]:
-    """The tools offered: the situation's allowed actions from the vocabulary, then ESCALATE."""
-    names = [a for a in situation.allowed_actions if a in ACTIONS and a not in NOT_OFFERED]
+    """The tools offered: the situation's allowed actions whose descriptors offer them to the
+    LLM (a rule's `escalate` is not: the model has ESCALATE), then ESCALATE."""
+    names = [
+        a for a in situation.allowed_actions if a in DESCRIPTORS and DESCRIPTORS[a].offered_to_llm
+    ]
     return (*dict.fromkeys(names), ESCALATE)
 
 
@@ -82,7 +70,8 @@ def params_schema(name: str) -> dict[str, Any]:
 
 
 def describe(name: str) -> str:
-    return HELP.get(name) or str(json_schema(name).get("description", name))
+    """What a tool does, in the model's words: its descriptor's summary."""
+    return ESCALATE_HELP if name == ESCALATE else DESCRIPTORS[name].summary
 
 
 def tools(offered: Sequence[str]) -> list[dict[str, Any]]:

@@ -1,30 +1,38 @@
-"""From doubts to escalations: situation, fingerprint, dedup, journal, the LLM, people.
+"""From doubts to escalations: situation, fingerprint, dedup, journal, the outbox.
 
-For each doubt:
+For each doubt, in the tick:
 
 1. build a Situation (facts sanitized, recent actions on its subject, the fleet and budget
    summary, the allowed actions, the default action `hold`);
 2. skip it while the same fingerprint is pending or approved, or was raised within the dedup
    window (`held_back`), unless it cleared since, or it asks to approve an action again after
    the last approval was acted on;
-3. journal it (pending, with a deadline);
-4. if an LLM reader is configured (and the situation is not one the operator reserved for
-   people), ask it; its answer acts when its confidence is at or above the threshold and its
-   action is on `act` autonomy: the escalation is approved by `llm:<model>` and the action runs
-   through the guards on the next tick; every call, valid or not, is journaled with the
-   prompt's digest;
-5. otherwise deliver it to every human channel, with the LLM's proposal and rationale and why
-   it came to people, and store each delivery's outcome.
+3. journal it (pending, with a deadline) and, in the same transaction, queue a
+   `read_and_deliver` job in the outbox (controller/store/outbox.py) with the targets the LLM
+   may name, or already routed to people when the situation is one the operator reserved for
+   them (or no LLM is configured).
 
-`resolve_cleared` closes pending escalations whose situation no longer holds; `closed` tells
-the channels that keep open alerts (PagerDuty, Alertmanager) that one was answered.
+The outbox worker (escalation/outbox.py) does the rest off the tick, through `read`,
+`approve` and `deliver` here: if an LLM reader is configured, ask it; its answer acts when its
+confidence is at or above the threshold and its action is on `act` autonomy (the escalation is
+approved by `llm:<model>` and the action runs through the guards on the next tick); every
+call, valid or not, is journaled with the prompt's digest. Otherwise it goes to every human
+channel, with the LLM's proposal and rationale and why it came to people, and each delivery's
+outcome is stored.
+
+`resolve_cleared` closes pending escalations whose situation no longer holds; `closed` queues
+a `resolve` job, for the channels that keep open alerts (PagerDuty, Alertmanager). After each
+write `after_write(now)` runs when set: the simulator works the outbox there and then (so a
+replay is the same run after run), `fleetgate run` wakes its worker thread.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass, replace
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 from controller.core.actions import ACTIONS
@@ -32,6 +40,8 @@ from controller.core.decide import Doubt
 from controller.core.model import Proposal
 from controller.core.policy import Gate
 from controller.store.journal import Journal
+from controller.store.outbox import READ_AND_DELIVER, RESOLVE, OutboxStore
+from escalation.channels.base import Channel, Delivery
 from escalation.notify import Notifier
 from escalation.render import iso8601
 from escalation.situation import Situation, fingerprint, sanitize_fact, should_escalate, to_dict
@@ -40,6 +50,7 @@ log = logging.getLogger(__name__)
 
 HOLD = {"action": "hold", "params": {"reason": "no answer before the deadline"}}
 PEOPLE_ONLY = frozenset({"approval"})  # the operator asked a person to approve these
+FRESH_MAX = 1000  # situations kept as raised, for the worker of this process
 
 
 class Reader(Protocol):
@@ -57,6 +68,13 @@ class Routed:
     acted: bool
     why: str
     proposal: dict[str, Any] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def of(cls, d: dict[str, Any]) -> Routed:
+        return cls(bool(d["acted"]), str(d["why"]), d.get("proposal"))
 
 
 def proposal_dict(p: Proposal) -> dict[str, Any]:
@@ -76,6 +94,8 @@ class Escalator:
         gate: Gate | None = None,
         reader: Reader | None = None,
         answer_url: str | None = None,
+        jobs: OutboxStore | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.journal = journal
         self.notifier = notifier
@@ -85,11 +105,16 @@ class Escalator:
         self.gate = gate or Gate()
         self.reader = reader
         self.answer_url = answer_url  # the HTTP API's base URL, when it is served
+        self.jobs = jobs if jobs is not None else OutboxStore(journal.store)
+        self.clock = clock  # the controller's: when `closed` queues a job
+        self.after_write: Callable[[float], object] | None = None
+        # raised here, not yet taken by a worker (popped from its thread: atomic operations)
+        self.fresh: OrderedDict[int, Situation] = OrderedDict()
 
     def situation(
         self, doubt: Doubt, fleet: dict[str, Any], budget: dict[str, Any], now: float
     ) -> Situation:
-        recent = self.journal.recent_for(doubt.subject, now - 3600)
+        recent = self.journal.actions.recent_for(doubt.subject, now - 3600)
         return Situation(
             kind=doubt.kind, subject=doubt.subject, summary=doubt.summary,  # type: ignore[arg-type]
             facts=tuple(sanitize_fact(f) for f in doubt.facts), key=dict(doubt.key),
@@ -106,48 +131,46 @@ class Escalator:
         now: float,
         targets: Collection[str] = (),
     ) -> list[int]:
-        """Steps 1-5 for each doubt; returns the ids of the escalations raised (not deduped)."""
+        """Steps 1-3 for each doubt; returns the ids of the escalations raised (not deduped)."""
         raised = []
         for doubt in doubts:
             s = self.situation(doubt, fleet, budget, now)
             fp = fingerprint(s)
-            last = self.journal.last_escalation(fp)
+            last = self.journal.escalations.last_escalation(fp)
             if last and held_back(str(last["status"]), s.kind, float(last["created_at"]), now,
                                   self.window_s):  # fmt: skip
                 continue
-            esc_id = self.journal.add_escalation(
-                fingerprint=fp, kind=s.kind, subject=s.subject, summary=s.summary, now=now,
-                deadline=now + self.deadline_s, situation=to_dict(s), default_action=HOLD,
-            )  # fmt: skip
+            routed = self._unread(s, doubt)
+            with self.journal.tx():  # the escalation and its job, or neither
+                esc_id = self.journal.escalations.add_escalation(
+                    fingerprint=fp, kind=s.kind, subject=s.subject, summary=s.summary, now=now,
+                    deadline=now + self.deadline_s, situation=to_dict(s), default_action=HOLD,
+                )  # fmt: skip
+                self.jobs.add(esc_id, READ_AND_DELIVER, now, targets=() if routed else targets,
+                              routed=routed.as_dict() if routed else None)  # fmt: skip
             raised.append(esc_id)
-            routed = self._read(esc_id, s, doubt, targets, now)
-            if routed.acted and routed.proposal is not None:
-                self.journal.answer(
-                    esc_id,
-                    status="approved",
-                    by=routed.proposal["proposer"],
-                    now=now,
-                    answer=routed.proposal,
-                )
-                log.info("escalation #%d: %s", esc_id, routed.why)
-                continue
-            if routed.proposal is not None:
-                shown = dict(
-                    routed.proposal,
-                    reason=f"{routed.proposal['reason']} — sent to people because {routed.why}",
-                )
-                s = replace(s, proposals=(shown, *s.proposals))
-            self._deliver(esc_id, s, fp, now, routed.why)
+            self.fresh[esc_id] = s
+            while len(self.fresh) > FRESH_MAX:
+                self.fresh.popitem(last=False)
+            self._written(now)
         return raised
 
-    def _read(
-        self, esc_id: int, s: Situation, doubt: Doubt, targets: Collection[str], now: float
-    ) -> Routed:
-        """Step 4: ask the LLM, journal the call, decide whether its answer may act."""
+    def _unread(self, s: Situation, doubt: Doubt) -> Routed | None:
+        """Why the LLM will not be asked, known when the escalation is raised (None: ask)."""
         if self.reader is None:
             return Routed(False, "no LLM reader is configured")
         if s.kind in PEOPLE_ONLY or doubt.people_only:
             return Routed(False, f"{s.kind} situations go to people")
+        return None
+
+    def _written(self, now: float) -> None:
+        if self.after_write is not None:
+            self.after_write(now)
+
+    def read(self, esc_id: int, s: Situation, targets: Collection[str], now: float) -> Routed:
+        """Ask the LLM, journal the call, decide whether its answer may act (the worker's)."""
+        if self.reader is None:
+            return Routed(False, "no LLM reader is configured")
         from escalation.llm import LLMError  # the client is optional: import only when used
 
         model = self.reader.model
@@ -155,11 +178,11 @@ class Escalator:
             answer = self.reader.decide(s, targets)
         except LLMError as exc:
             status = _status_of(exc)
-            self.journal.add_llm_call(escalation_id=esc_id, now=now, model=model, status=status,
+            self.journal.llm.add_llm_call(escalation_id=esc_id, now=now, model=model, status=status,
                                       error=str(exc)[:1000], routed="people")  # fmt: skip
             return Routed(False, f"the LLM gave no usable answer ({status}: {exc})")
         routed = self._route(answer, model)
-        self.journal.add_llm_call(
+        self.journal.llm.add_llm_call(
             escalation_id=esc_id, now=now, model=model, status="ok",
             prompt_digest=answer.prompt_digest, action=answer.action, params=answer.params,
             confidence=answer.confidence, rationale=answer.rationale, tokens=answer.tokens,
@@ -169,59 +192,86 @@ class Escalator:
         return routed
 
     def _route(self, answer: Any, model: str) -> Routed:
+        """The LLM's answer as a proposal through the one gate (controller.core.decide.gate)."""
+        from controller.core.decide import gate
+
         if answer.action is None:
             return Routed(False, f"the LLM handed it to people: {answer.rationale}")
-        proposal = {"action": answer.action, "params": answer.params, "proposer": f"llm:{model}",
-                    "confidence": answer.confidence, "reason": answer.rationale}  # fmt: skip
-        g = self.gate
-        if answer.confidence < g.confidence_threshold:
-            return Routed(
-                False,
-                f"the LLM's confidence {answer.confidence:.2f} is below the "
-                f"threshold {g.confidence_threshold:.2f}",
-                proposal,
-            )
-        mode = dict(g.actions).get(answer.action, g.mode)
-        if mode != "act":
-            return Routed(False, f"autonomy for {answer.action!r} is {mode}", proposal)
-        return Routed(
-            True,
-            f"llm:{model} answered {answer.action} with confidence "
-            f"{answer.confidence:.2f}; it runs through the guards",
-            proposal,
-        )
+        p = Proposal(answer.action, answer.params, f"llm:{model}", answer.rationale,
+                     answer.confidence)  # fmt: skip
+        d = gate(p, self.gate)
+        if d.verdict == "act":
+            return Routed(True, f"{d.why}; it runs through the guards", proposal_dict(p))
+        return Routed(False, f"the LLM answered {p.action}, but {d.why}", proposal_dict(p))
 
     def resolve_cleared(self, doubts: Sequence[Doubt], fleet: dict[str, Any], now: float
                         ) -> list[int]:  # fmt: skip
         """Close pending escalations whose situation no longer holds (nothing left to answer)."""
         current = {fingerprint(self.situation(d, fleet, {}, now)) for d in doubts}
         closed = []
-        for esc in self.journal.escalations(status="pending"):
+        for esc in self.journal.escalations.recent(status="pending"):
             if esc["fingerprint"] in current:
                 continue
             note = {"note": "the situation no longer holds"}
-            if self.journal.answer(int(esc["id"]), status="resolved", by="controller", now=now,
-                                   answer=note):  # fmt: skip
+            if self.journal.escalations.answer(int(esc["id"]), status="resolved",
+                                               by="controller", now=now,
+                                               answer=note):  # fmt: skip
                 log.info("escalation #%s resolved: %s no longer holds", esc["id"], esc["subject"])
                 self.closed(int(esc["id"]))
                 closed.append(int(esc["id"]))
         return closed
 
     def closed(self, esc_id: int) -> None:
-        """An escalation was answered, expired or resolved: end the channels' open alerts."""
-        esc = self.journal.escalation(esc_id)
-        if esc is None:
-            return
+        """An escalation was answered, expired or resolved: queue the end of its open alerts."""
+        now = self.clock()
+        if self.jobs.add(esc_id, RESOLVE, now) is not None:
+            self._written(now)
+
+    def approve(self, esc_id: int, routed: Routed, now: float) -> bool:
+        """The LLM's answer may act: approve the escalation if it is still pending."""
+        assert routed.proposal is not None
+        ok = self.journal.escalations.answer(esc_id, status="approved",
+                                             by=routed.proposal["proposer"], now=now,
+                                             answer=routed.proposal)  # fmt: skip
+        if ok:
+            log.info("escalation #%d: %s", esc_id, routed.why)
+        return ok
+
+    @staticmethod
+    def shown(s: Situation, routed: Routed) -> Situation:
+        """The situation as people see it: the LLM's proposal first, and why it is theirs."""
+        if routed.proposal is None:
+            return s
+        reason = f"{routed.proposal['reason']} — sent to people because {routed.why}"
+        return replace(s, proposals=(dict(routed.proposal, reason=reason), *s.proposals))
+
+    def deliver(self, esc_id: int, s: Situation, fp: str, created: float, now: float, why: str,
+                channels: Sequence[Channel]) -> list[Delivery]:  # fmt: skip
+        """Send to `channels` and journal each delivery's outcome."""
+        esc = self._esc_dict(esc_id, to_dict(s), fp, created)
+        esc["routing"] = why
+        out = Notifier(channels, self.notifier.renderer).deliver(esc, self.how(esc_id))
+        for d in out:
+            self.journal.escalations.add_delivery(esc_id, d.channel, now, d.ok, d.detail)
+        return out
+
+    def resolve_alerts(self, esc_id: int, esc: dict[str, Any], channels: Sequence[Channel]
+                       ) -> list[str | None]:  # fmt: skip
+        """End the open alerts of escalation `esc` (a journal row): per channel, the error or
+        None (closed, or a channel that keeps no alerts)."""
         message = self._esc_dict(esc_id, esc["situation"], esc["fingerprint"], esc["created_at"])
-        for channel in self.notifier.channels:
+        errors: list[str | None] = []
+        for channel in channels:
             resolve = getattr(channel, "resolve", None)
-            if resolve is None:
-                continue
             try:
-                resolve(message)
+                if resolve is not None:
+                    resolve(message)
+                errors.append(None)
             except Exception as exc:  # noqa: BLE001 - a broken channel never blocks the others
                 log.error("escalation #%d: %s could not close its alert: %s", esc_id,
                           getattr(channel, "name", "?"), exc)  # fmt: skip
+                errors.append(f"{getattr(channel, 'name', '?')}: {exc}")
+        return errors
 
     def how(self, esc_id: int) -> dict[str, str]:
         how = {"approve_cli": f"{self.cli_prefix} escalations approve {esc_id}",
@@ -249,12 +299,6 @@ class Escalator:
             created_at_iso=iso8601(created),
             deadline_iso=iso8601(created + self.deadline_s),
         )
-
-    def _deliver(self, esc_id: int, s: Situation, fp: str, now: float, why: str) -> None:
-        esc = self._esc_dict(esc_id, to_dict(s), fp, now)
-        esc["routing"] = why
-        for d in self.notifier.deliver(esc, self.how(esc_id)):
-            self.journal.add_delivery(esc_id, d.channel, now, d.ok, d.detail)
 
 
 def _status_of(exc: Exception) -> str:

@@ -13,10 +13,10 @@ class JournalUsage:
         self.journal = journal
 
     def record(self, at: float, tokens: int) -> None:
-        self.journal.add_llm_usage(at, tokens)
+        self.journal.llm.add_llm_usage(at, tokens)
 
     def calls_since(self, t: float) -> int:
-        return self.journal.llm_usage_since(t)[0]
+        return self.journal.llm.llm_usage_since(t)[0]
 
     def tokens_since(self, t: float) -> int:
-        return self.journal.llm_usage_since(t)[1]
+        return self.journal.llm.llm_usage_since(t)[1]

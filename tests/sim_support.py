@@ -13,7 +13,6 @@ from typing import Any
 from controller.core.model import Demand, Health, Instance
 from controller.fleet.base import LaunchRequest
 from controller.fleet.instance_api import InstanceService
-from controller.service.config import Config
 from controller.sim import Simulation
 from controller.sim.agents import AgentSettings
 from controller.sim.wire import SimWire
@@ -72,9 +71,9 @@ class WorldView:
 def sim_fleet(sim: Simulation, journal: Journal, agents: dict[str, Any] | None = None
               ) -> tuple[Any, Any, SimWire]:  # fmt: skip
     """(fleet provider, demand sensor, wire): the production fleet path on `sim`'s wire."""
-    from controller.service import wiring
+    from controller.service.fleet_path import real_fleet, sim_settings
 
     wire = SimWire(sim, AgentSettings.model_validate(agents or {}))
-    fleet, curio, store = wiring.real_fleet(Config(), journal, sim.now, wire.seams)
+    fleet, curio, store = real_fleet(sim_settings(), journal, sim.now, wire.seams)
     wire.attach(InstanceService(store, sim.now))
     return fleet, curio, wire

@@ -120,6 +120,7 @@ def sample_esc(now: float = RAISED_AT, **changes: Any) -> dict[str, Any]:
 PG_DSN = os.environ.get(
     "FLEETGATE_TEST_PG_DSN", "host=127.0.0.1 port=5432 dbname=test user=postgres"
 )
+BACKENDS = ["sqlite", "postgres"]  # for `journal_on`
 
 
 def pg_store(schema: str | None = None) -> PostgresStore:

@@ -21,7 +21,8 @@ import pytest
 from pydantic import SecretStr
 
 import controller.fleet.agent.fleetgate_agent as agent_module
-from controller.fleet.agent.fleetgate_agent import Unreachable, parse_status, with_retries
+from controller.fleet.agent.client import Unreachable, with_retries
+from controller.fleet.agent.heartbeat import parse_status
 from controller.fleet.instance_api import instance_router
 from controller.service.api import Server, create_app
 from controller.store.journal import Journal
@@ -397,13 +398,26 @@ def test_parse_status(text: str, expected: tuple[str | None, float | None]) -> N
     assert parse_status(text, "cuzk") == expected
 
 
-def test_the_agent_imports_only_the_standard_library() -> None:
-    tree = ast.parse(AGENT.read_text(), str(AGENT))
-    imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0, "no relative imports: the file is copied onto images alone"
-            imported.add(str(node.module).split(".")[0])
-    assert imported - {"__future__"} <= sys.stdlib_module_names, imported
+def test_the_agent_imports_only_the_standard_library_and_its_own_folder() -> None:
+    own = {p.stem for p in AGENT.parent.glob("*.py")}
+    for path in sorted(AGENT.parent.glob("*.py")):
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level:
+                assert node.level == 1 and node.module in own, f"{path.name}: {node.module}"
+            elif isinstance(node, ast.ImportFrom):
+                imported.add(str(node.module).split(".")[0])
+        assert imported - {"__future__"} <= sys.stdlib_module_names, (path.name, imported)
+
+
+def test_the_agent_folder_copied_anywhere_runs_alone(tmp_path: Path) -> None:
+    """As on an image: the folder copied under another name, run by a python without the
+    project or site-packages."""
+    copy = tmp_path / "fleetgate agent"
+    shutil.copytree(AGENT.parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    out = subprocess.run([sys.executable, "-I", "-S", str(copy / AGENT.name), "register",
+                          "--once"], env=env(f"http://127.0.0.1:{dead_port()}"),
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 3 and "cannot reach the controller" in out.stderr, out.stderr

@@ -32,7 +32,7 @@ def api(tmp_path: Path) -> Iterator[tuple[str, Journal, list[int]]]:
 
 def escalate(j: Journal, proposals: list[dict[str, Any]] | None = None) -> int:
     situation = {"proposals": proposals or [], "subject": "instance:7"}
-    return j.add_escalation(fingerprint="fp", kind="unmatched", subject="instance:7",
+    return j.escalations.add_escalation(fingerprint="fp", kind="unmatched", subject="instance:7",
                             summary="frozen", now=100.0, deadline=2000.0, situation=situation,
                             default_action={"action": "hold", "params": {}})  # fmt: skip
 
@@ -48,7 +48,7 @@ def test_an_answer_needs_the_bearer_token(api: tuple[str, Journal, list[int]]) -
     esc = escalate(j)
     assert post(base, esc, {"decision": "deny"}, token=None).status_code == 401
     assert post(base, esc, {"decision": "deny"}, token="wrong").status_code == 401
-    assert j.escalation(esc)["status"] == "pending"  # type: ignore[index]
+    assert j.escalations.escalation(esc)["status"] == "pending"  # type: ignore[index]
     assert answered == []
     assert requests.get(f"{base}/healthz", timeout=10).json() == {"status": "ok"}
 
@@ -66,7 +66,7 @@ def test_approve_over_http_is_validated_and_answered_once(
     assert ok.status_code == 200
     assert ok.json()["answer"] == {"action": "replace", "params": {"instance": "7",
                                    "block_host": False, "reason": ""}}  # fmt: skip
-    row = j.escalation(esc)
+    row = j.escalations.escalation(esc)
     assert row and row["status"] == "approved" and row["answered_by"] == "ana"
     assert answered == [esc]
     again = post(base, esc, {"decision": "deny"})

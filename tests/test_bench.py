@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from controller.core import guards
+from controller.core.reconcile import VETO_REPEAT_S
 from controller.fleet.base import LaunchRequest
 from controller.fleet.curio import CurioDemand
 from controller.fleet.observe import RealFleet
 from controller.fleet.vast import VastProvider
-from controller.service import tick as loop
+from controller.service import plan as loop
 from controller.service.cli import main
 from controller.service.config import Config
 from controller.sim.wire import VAST_URL
@@ -145,7 +146,7 @@ def test_the_real_path_is_the_production_fleet_path_on_a_world_put_back_each_tic
     assert isinstance(c.provider, RealFleet) and isinstance(c.demand, CurioDemand)
     vast = c.provider.vast
     assert isinstance(vast, VastProvider)
-    assert vast._client._session.get_adapter(VAST_URL + "/api/") is bench.wire.vast
+    assert vast._client._http.session.get_adapter(VAST_URL + "/api/") is bench.wire.vast
     records = bench.store.records()  # every agent whose container ran, linked by the listing
     assert len(records) == 197  # all but the 3 provisioning or loading
     assert all(r.vast_id and r.machine_id and r.host_and_port for r in records.values())
@@ -199,18 +200,18 @@ def test_a_veto_that_repeats_every_tick_is_journaled_once_per_window(tmp_path: P
     j = Journal(tmp_path / "j.db")
     clock = [1_700_000_000.0]
     c, fleet = _controller(Config(), 100, j, clock)
-    j.put("paused", True)  # every action is vetoed, every tick
+    j.meta.put("paused", True)  # every action is vetoed, every tick
     for _ in range(5):
         clock[0] += 30
         fleet.prepare()
         c.tick()
-    vetoes = [r for r in j.actions(10_000, executed_only=False) if r["verdict"] == "veto"]
+    vetoes = [r for r in j.actions.recent(10_000, executed_only=False) if r["verdict"] == "veto"]
     keys = [(r["action"], r["target"]) for r in vetoes]
     assert vetoes and len(keys) == len(set(keys))  # one row per held action, not one per tick
-    clock[0] += loop.VETO_REPEAT_S
+    clock[0] += VETO_REPEAT_S
     fleet.prepare()
     c.tick()
-    again = [r for r in j.actions(10_000, executed_only=False) if r["verdict"] == "veto"]
+    again = [r for r in j.actions.recent(10_000, executed_only=False) if r["verdict"] == "veto"]
     again_keys = [(r["action"], r["target"]) for r in again]
     assert all(again_keys.count(k) == 2 for k in keys)  # still held after the window: again
     j.close()
@@ -226,7 +227,7 @@ def test_a_cooldown_veto_is_one_veto_though_its_wording_counts_the_seconds(
         clock[0] += 30
         fleet.prepare()
         c.tick()
-    held = [r for r in j.actions(10_000, executed_only=False) if r["guard"] == "cooldown"]
+    held = [r for r in j.actions.recent(10_000, executed_only=False) if r["guard"] == "cooldown"]
     keys = [(r["action"], r["target"]) for r in held]
     assert held and len(keys) == len(set(keys))
     j.close()

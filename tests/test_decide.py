@@ -41,6 +41,16 @@ rules:
     when: {demand: {pending: {gt: 0}}}
     then: {action: scale_to, count: "{{ demand.pending - 1000 }}"}
     confidence: 0.9
+  - name: ask-about-it
+    description: an instance nobody understands
+    when: {instance: {status: odd}}
+    then: {action: escalate, reason: "instance {{ instance.id }} reports {{ instance.status }}"}
+    confidence: 0.9
+  - name: ask-plainly
+    description: a queue a person should see
+    when: {demand: {pending: {gt: 100}}}
+    then: {action: escalate}
+    confidence: 0.9
 """)
 S = DecideSettings()
 
@@ -162,3 +172,33 @@ def test_the_action_name_type_lists_exactly_the_vocabulary() -> None:
     from controller.core.actions import ACTIONS, ActionName
 
     assert get_args(ActionName) == tuple(ACTIONS)
+
+
+def test_a_rule_that_escalates_is_one_requested_doubt_and_no_decision() -> None:
+    odd = fact("instance", "b", status="odd")
+    out = run([odd], [Match("abnormal:instance", {"m": "b"}), fired("ask-about-it", instance="b")])
+    assert out.decisions == () and out.unmatched == ()
+    [doubt] = out.doubts
+    assert (doubt.kind, doubt.subject) == ("requested", "instance:b")
+    assert doubt.summary == "rule:ask-about-it asks a person to decide: instance b reports odd"
+    assert doubt.facts == (odd,) and doubt.proposals == ()
+    assert doubt.key == {"proposer": "rule:ask-about-it"}
+
+
+def test_an_escalation_without_a_reason_is_summarised_from_the_rule_and_gates_nothing() -> None:
+    queue = fact("demand", pending=500)
+    matches = [fired("ask-plainly", demand="demand:all"), fired("grow", demand="demand:all")]
+    out = run([queue], matches, DecideSettings(gate=Gate(mode="observe")))
+    [grow] = out.decisions  # the request is no rival for the fleet target
+    assert grow.proposal.proposer == "rule:grow" and grow.verdict == "observe"
+    [doubt] = out.doubts
+    assert doubt.kind == "requested" and doubt.subject == "demand:all"
+    assert doubt.summary.endswith(": a queue a person should see") and doubt.facts == (queue,)
+
+
+def test_an_answer_that_names_escalate_is_void_not_acted_on() -> None:
+    p = Proposal("escalate", {"reason": "again"}, "human:ana", "x", 1.0, 1000, escalation_id=3)
+    out = run([], [], extra=(p,))
+    [d] = out.decisions
+    assert d.verdict == "noop" and "cannot be 'escalate'" in d.why
+    assert out.doubts == ()

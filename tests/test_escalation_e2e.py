@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,8 @@ from typing import Any
 import pytest
 from fakes.openai_server import FakeOpenAI, RawBody, closed_port_url
 
-from controller.service.app import App, build
+from controller.service.app import App
+from controller.service.assemble import assemble
 from controller.service.config import Config, parse_config
 
 KEY = "sk-test-llm-key-0123456789"
@@ -37,7 +39,7 @@ def app_factory(tmp_path: Path) -> Iterator[Any]:
     apps: list[App] = []
 
     def make(cfg: Config) -> App:
-        app = build(cfg, tmp_path / "state", seed=7)
+        app = assemble(cfg, state=tmp_path / "state", clock=time.time, sleep=time.sleep, seed=7)
         apps.append(app)
         return app
 
@@ -55,7 +57,7 @@ def ticks_until(app: App, done: Any, limit: int = 500) -> int:
 
 
 def unmatched(app: App) -> list[dict[str, Any]]:
-    return [e for e in app.journal.escalations() if e["kind"] == "unmatched"]
+    return [e for e in app.journal.escalations.recent() if e["kind"] == "unmatched"]
 
 
 def test_an_unmatched_status_gets_one_llm_call_whose_answer_runs_through_the_guards(
@@ -67,19 +69,23 @@ def test_an_unmatched_status_gets_one_llm_call_whose_answer_runs_through_the_gua
         for _ in range(60):  # an hour more: the same situation must not be asked about again
             app.controller.tick()
         esc = next(e for e in unmatched(app) if e["status"] == "executed")
-        [call] = app.journal.llm_calls(esc["id"])
+        [call] = app.journal.llm.llm_calls(esc["id"])
         assert call["status"] == "ok" and call["action"] == "replace" and call["routed"] == "act"
         assert call["prompt_digest"] and call["confidence"] >= 0.8
         subject = esc["subject"].split(":")[1]
         assert call["params"]["instance"] == subject
-        acts = [a for a in app.journal.actions_for_escalation(esc["id"]) if a["parent_id"] is None]
+        acts = [
+            a
+            for a in app.journal.actions.actions_for_escalation(esc["id"])
+            if a["parent_id"] is None
+        ]
         assert [(a["action"], a["proposer"], a["status"]) for a in acts] == [
             ("replace", "llm:fake-model", "ok")
         ]
         assert "confidence" in acts[0]["why"]
         # one LLM call per situation (fingerprint), never one per tick
-        fingerprints = [e["fingerprint"] for e in app.journal.escalations()]
-        calls = app.journal.llm_calls()
+        fingerprints = [e["fingerprint"] for e in app.journal.escalations.recent()]
+        calls = app.journal.llm.llm_calls()
         assert len(fake.chat_bodies) == len(calls) == len(fingerprints)
         assert len(set(fingerprints)) == len(fingerprints)
         # the key went to the endpoint as a bearer header, never into the prompt
@@ -96,7 +102,7 @@ def test_garbage_from_the_llm_goes_to_people_whose_approval_runs_next_tick(
         ticks_until(app, lambda: bool(unmatched(app)))
         esc = unmatched(app)[0]
         assert esc["status"] == "pending"
-        [call] = app.journal.llm_calls(esc["id"])
+        [call] = app.journal.llm.llm_calls(esc["id"])
         assert call["status"] in ("invalid", "unavailable") and call["routed"] == "people"
         out = capsys.readouterr().out
         assert f"ESCALATION #{esc['id']}" in out and "Why you:" in out
@@ -107,11 +113,15 @@ def test_garbage_from_the_llm_goes_to_people_whose_approval_runs_next_tick(
         approvals.approve(app.journal, esc["id"], by="ana", now=app.controller.clock(),
                           action="replace")  # fmt: skip
         app.controller.tick()
-        acts = [a for a in app.journal.actions_for_escalation(esc["id"]) if a["parent_id"] is None]
+        acts = [
+            a
+            for a in app.journal.actions.actions_for_escalation(esc["id"])
+            if a["parent_id"] is None
+        ]
         assert [(a["action"], a["proposer"], a["status"]) for a in acts] == [
             ("replace", "human:ana", "ok")
         ]
-        chain = app.journal.escalation(esc["id"])
+        chain = app.journal.escalations.escalation(esc["id"])
         assert (
             chain and chain["status"] == "executed" and chain["executed_action_id"] == acts[0]["id"]
         )
@@ -123,10 +133,10 @@ def test_an_endpoint_that_is_down_means_people_not_silence(
     app = app_factory(config(closed_port_url()))
     ticks_until(app, lambda: bool(unmatched(app)))
     esc = unmatched(app)[0]
-    [call] = app.journal.llm_calls(esc["id"])
+    [call] = app.journal.llm.llm_calls(esc["id"])
     assert call["status"] == "unavailable" and call["routed"] == "people"
     assert f"ESCALATION #{esc['id']}" in capsys.readouterr().out
-    assert app.journal.deliveries(esc["id"])
+    assert app.journal.escalations.deliveries(esc["id"])
 
 
 def test_an_llm_answer_the_guards_refuse_goes_to_people(
@@ -136,14 +146,14 @@ def test_an_llm_answer_the_guards_refuse_goes_to_people(
         app = app_factory(config(fake.url))
         ticks_until(app, lambda: any(e["status"] == "approved" for e in unmatched(app)))
         esc = next(e for e in unmatched(app) if e["status"] == "approved")
-        app.journal.put("paused", True)  # now the guards refuse every fleet change
+        app.journal.meta.put("paused", True)  # now the guards refuse every fleet change
         capsys.readouterr()
         app.controller.tick()
-        after = app.journal.escalation(esc["id"])
+        after = app.journal.escalations.escalation(esc["id"])
         assert after and after["status"] == "vetoed"
-        refused = [e for e in app.journal.escalations() if e["kind"] == "guard_veto"]
+        refused = [e for e in app.journal.escalations.recent() if e["kind"] == "guard_veto"]
         assert refused and "llm:fake-model" in refused[-1]["summary"]
-        assert not app.journal.llm_calls(refused[-1]["id"])  # people decide, not the LLM again
+        assert not app.journal.llm.llm_calls(refused[-1]["id"])  # people decide, not the LLM again
         assert f"ESCALATION #{refused[-1]['id']}" in capsys.readouterr().out
 
 
@@ -204,8 +214,10 @@ def test_a_budget_override_is_explicit_journaled_and_never_the_llms(
 
     cfg = config(closed_port_url(), "guards: {max_spend_per_hour: 1.0}\n")
     app = app_factory(cfg)
-    ticks_until(app, lambda: any(e["kind"] == "guard_veto" for e in app.journal.escalations()))
-    esc = next(e for e in app.journal.escalations() if e["kind"] == "guard_veto")
+    ticks_until(
+        app, lambda: any(e["kind"] == "guard_veto" for e in app.journal.escalations.recent())
+    )
+    esc = next(e for e in app.journal.escalations.recent() if e["kind"] == "guard_veto")
     with pytest.raises(approvals.ApprovalError, match="cannot override"):
         approvals.approve(
             app.journal,
@@ -226,16 +238,19 @@ def test_a_budget_override_is_explicit_journaled_and_never_the_llms(
         override=["max_spend_per_hour"],
     )
     app.controller.tick()
-    [act] = [a for a in app.journal.actions_for_escalation(esc["id"]) if a["parent_id"] is None]
+    [act] = [
+        a for a in app.journal.actions.actions_for_escalation(esc["id"]) if a["parent_id"] is None
+    ]
     assert act["status"] == "ok" and "budget override by human:ana" in act["why"]
-    answer = app.journal.escalation(esc["id"])
+    answer = app.journal.escalations.escalation(esc["id"])
     assert answer and answer["answer"]["override"] == ["max_spend_per_hour"]
     # an LLM's approval never carries an override, even if the stored answer had one
-    llm_esc = app.journal.add_escalation(fingerprint="x", kind="unmatched", subject="fleet",
-                                         summary="s", now=1.0, deadline=9e9, situation={},
-                                         default_action={})  # fmt: skip
-    app.journal.answer(llm_esc, status="approved", by="llm:m", now=2.0,
-                       answer={"action": "launch", "params": {"count": 1},
-                               "override": ["max_spend_per_hour"]})  # fmt: skip
+    llm_esc = app.journal.escalations.add_escalation(fingerprint="x", kind="unmatched",
+                                                     subject="fleet", summary="s", now=1.0,
+                                                     deadline=9e9, situation={},
+                                                     default_action={})  # fmt: skip
+    app.journal.escalations.answer(llm_esc, status="approved", by="llm:m", now=2.0,
+                                   answer={"action": "launch", "params": {"count": 1},
+                                           "override": ["max_spend_per_hour"]})  # fmt: skip
     [p] = [p for p in approvals.approved_proposals(app.journal) if p.escalation_id == llm_esc]
     assert p.overrides == () and p.proposer == "llm:m"

@@ -39,7 +39,7 @@ def test_a_fleet_that_scaled_itself_to_zero_launches_again(world: World) -> None
     world.db.post("PoRep", 2)
     world.tick(2)
     assert own_creates(world) == 2  # before: an empty listing was read as a failure forever
-    sensing = [e for e in world.app.journal.escalations() if e["kind"] == "sensing_failure"]
+    sensing = [e for e in world.app.journal.escalations.recent() if e["kind"] == "sensing_failure"]
     assert sensing == []
 
 
@@ -63,7 +63,7 @@ def test_a_destroy_whose_answer_timed_out_is_confirmed_and_the_fleet_refills(
 ) -> None:
     world.vast.script("destroy", Lost(Close()))  # vast destroys it; the answer never comes
     iid = scale_to_zero(world)
-    failed = [r for r in world.app.journal.actions(1000) if r["action"] == "destroy"]
+    failed = [r for r in world.app.journal.actions.recent(1000) if r["action"] == "destroy"]
     assert failed and iid not in world.vast.instances
     world.db.post("PoRep", 2)
     world.tick(3)
@@ -85,7 +85,7 @@ def test_instances_fleetgate_did_not_launch_are_shown_and_never_touched(
     assert foreign <= set(world.vast.instances)
     shown = {int(i["id"]): i["label"] for i in status(world.app)["foreign"]}
     assert shown == {notebook: "jupyter", unlabelled: "", stopped: "old-prover"}
-    acted = {r["target"] for r in world.app.journal.actions(1000, executed_only=False)}
+    acted = {r["target"] for r in world.app.journal.actions.recent(1000, executed_only=False)}
     assert not any(str(i) in t for t in acted for i in foreign)
 
 
@@ -107,8 +107,8 @@ def test_an_instance_vast_lists_without_a_label_is_still_linked_drained_and_scal
     assert (fact["stage"], fact["sidecar"], fact["tasks_running"]) == ("running", "up", 2)
     world.db.finish(tasks)
     world.tick(14)
-    kinds = [(r["action"], r["params"].get("instance")) for r in world.app.journal.actions(1000)
-             if r["parent_id"] is None]  # fmt: skip
+    kinds = [(r["action"], r["params"].get("instance"))
+             for r in world.app.journal.actions.recent(1000) if r["parent_id"] is None]  # fmt: skip
     assert ("drain", str(iid)) in kinds and ("destroy", str(iid)) in kinds
     assert kinds.index(("drain", str(iid))) < kinds.index(("destroy", str(iid)))
 
@@ -126,14 +126,14 @@ def test_one_listing_that_misses_an_instance_keeps_its_record(world: World) -> N
     with world.vast.lock:
         world.vast._instances[iid].visible_after = world.vast.list_calls + 2  # the next one
     world.tick(1)
-    summary = world.app.journal.ticks(1)[0]["summary"]
+    summary = world.app.journal.meta.ticks(1)[0]["summary"]
     assert summary["instances"] == 3 and "veto" not in summary  # the listing was believed
     assert world.app.lifecycle.resolve(str(iid)) is not None  # before: forgotten for good
     world.tick(2)
     assert iid in world.vast.instances
     label = world.labels[iid]
     assert world.post(f"{label}/heartbeat") == {"commands": []}  # before: 404 from now on
-    destroys = [r for r in world.app.journal.actions(1000) if r["action"] == "destroy"]
+    destroys = [r for r in world.app.journal.actions.recent(1000) if r["action"] == "destroy"]
     assert destroys == []
 
 
@@ -159,7 +159,7 @@ def test_each_new_listing_outage_is_a_new_escalation(world: World) -> None:  # n
         world.vast.script("list", Empty(), Empty())  # two ticks of an empty listing
         world.tick(2)
         world.tick(3)  # the listing is back
-        return [e for e in world.app.journal.escalations() if e["kind"] == "sensing_failure"]
+        return [e for e in world.app.journal.escalations.recent() if e["kind"] == "sensing_failure"]
 
     first = outage()
     assert len(first) == 1 and first[0]["status"] == "resolved"

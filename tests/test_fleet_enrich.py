@@ -7,7 +7,7 @@ from typing import Any
 
 from controller.core.model import Instance
 from controller.fleet.observe import Link, RealFleet, enrich, stage_of
-from controller.fleet.vast import to_instance
+from controller.fleet.vast_instances import to_instance
 from controller.store.records import Record
 
 
@@ -91,6 +91,9 @@ class Records:
     def record(self, label: str) -> Record | None:
         return self.by_label.get(label)
 
+    def overdue_commands(self, now: float) -> list[Any]:
+        return []
+
     def link(self, label: str, **fields: Any) -> None:
         self.links.append((label, fields))
         r = self.by_label[label]
@@ -148,6 +151,8 @@ def test_the_controller_links_each_agent_to_its_instance_and_curio_node() -> Non
     )
     fleet = real_fleet(vast, records, curio, launched={"12": "fg-1-1-1-bb"})
     a, b, c = fleet.list_instances()
+    assert records.links == []  # sensing writes nothing: the links wait for the tick's apply
+    fleet.save_learned()
     assert (a.sidecar, a.tasks_running, a.stage) == ("up", 2, "running")
     assert (b.sidecar, b.tasks_running, b.stage) == ("up", 0, "running")
     assert (c.sidecar, c.tasks_running) == ("up", 1)  # not the operator's 5 tasks
@@ -157,18 +162,5 @@ def test_the_controller_links_each_agent_to_its_instance_and_curio_node() -> Non
         ("fg-1-1-2-cc", {"vast_id": "13", "machine_id": "7013", "host_and_port": "1.0.0.13:40013"}),
     ]
     fleet.list_instances()
+    fleet.save_learned()
     assert len(records.links) == 3  # nothing new learned: nothing written again
-
-
-def test_a_daemon_counts_as_down_only_after_failures_that_persist() -> None:
-    from controller.fleet.observe import persisted
-
-    failures: dict[str, list[float]] = {}
-    down, up = {"1": Check(False)}, {"1": Check(True, 5.0)}
-    assert persisted(down, failures, 100, count=2, after_s=60)["1"].up  # one blip: still up
-    assert persisted(down, failures, 130, count=2, after_s=60)["1"].up  # two, but within 60 s
-    assert not persisted(down, failures, 170, count=2, after_s=60)["1"].up  # persisted
-    assert persisted(up, failures, 200, count=2, after_s=60)["1"].up and failures == {}
-    assert persisted(down, failures, 210, count=2, after_s=60)["1"].up  # counting starts over
-    persisted({}, failures, 220, count=2, after_s=60)
-    assert failures == {}  # instances no longer checked are forgotten

@@ -46,14 +46,14 @@ def test_replacing_on_a_host_blocked_twice_before_blocks_it_for_four_days(tmp_pa
     [listed] = fleet.list_instances()
     machine = listed.machine_id
     for n in range(2):  # two earlier blocks, both over
-        journal.block_host(machine, 10.0 * n, "crash loop")
+        journal.fleet.block_host(machine, 10.0 * n, "crash loop")
     now = sim.now()
-    hist = journal.history(now)
+    hist = journal.fleet.history(now)
     assert hist.host_failures == {machine: 2} and not hist.host_blocked(machine, now)
 
     params = {"instance": old, "block_host": True, "reason": "crash loop"}
     proposal = Proposal("replace", params, "rule:replace-crash-looping-instance", "crash loop")
-    action_id = journal.record(
+    action_id = journal.actions.record(
         tick_id=None, now=now, action="replace", target=old, params=params,
         proposer=proposal.proposer, reason=proposal.reason, confidence=0.9, verdict="act",
         why="test", status="intent", key=None, parent_id=None,
@@ -63,7 +63,7 @@ def test_replacing_on_a_host_blocked_twice_before_blocks_it_for_four_days(tmp_pa
     outcome = Actuator(fleet, journal, Guards()).execute(job)
 
     assert outcome.status == "ok" and outcome.result["blocked_host"] == machine
-    [host] = [h for h in journal.hosts() if h["machine_id"] == machine]
+    [host] = [h for h in journal.fleet.hosts() if h["machine_id"] == machine]
     assert (host["failures"], host["blocked_until"]) == (3, pytest.approx(now + 4 * DAY))
     new = fleet.find_by_label(outcome.result["label"])
     assert new is not None and new.machine_id != machine

@@ -33,7 +33,7 @@ def controller(
 
 
 def launches(journal: Journal) -> list[dict[str, object]]:
-    return [r for r in journal.actions(1000) if r["action"] == "launch" and r["parent_id"]]
+    return [r for r in journal.actions.recent(1000) if r["action"] == "launch" and r["parent_id"]]
 
 
 def test_a_launch_never_listed_within_the_pending_window_is_recorded_as_lost(
@@ -49,14 +49,15 @@ def test_a_launch_never_listed_within_the_pending_window_is_recorded_as_lost(
 def test_a_launch_action_a_killed_run_left_open_is_closed(tmp_path: Path) -> None:
     fleet = LateFleet(late=1)
     c, journal, clock = controller(tmp_path, fleet, window_s=1800)
-    parent = journal.record(tick_id=None, now=clock[0], action="launch", target="fleet",
-                            params={"count": 2}, proposer="rule:x", reason="r", confidence=1,
-                            verdict="act", why="w", status="intent")  # fmt: skip
-    journal.record(tick_id=None, now=clock[0], action="launch", target="fleet",
-                   params={"label": "fg-0-1-0-aaaaaa"}, proposer="rule:x", reason="r",
-                   confidence=1, verdict="act", why="part of action", status="intent",
-                   key="fg-0-1-0-aaaaaa", parent_id=parent)  # fmt: skip
+    parent = journal.actions.record(tick_id=None, now=clock[0], action="launch",
+                                    target="fleet", params={"count": 2}, proposer="rule:x",
+                                    reason="r", confidence=1, verdict="act", why="w",
+                                    status="intent")  # fmt: skip
+    journal.actions.record(tick_id=None, now=clock[0], action="launch", target="fleet",
+                           params={"label": "fg-0-1-0-aaaaaa"}, proposer="rule:x", reason="r",
+                           confidence=1, verdict="act", why="part of action", status="intent",
+                           key="fg-0-1-0-aaaaaa", parent_id=parent)  # fmt: skip
     # the run was killed here: the parent and its one per-label row are open
     run(c, clock, 2)
-    [row] = [r for r in journal.actions(1000) if r["id"] == parent]
+    [row] = [r for r in journal.actions.recent(1000) if r["id"] == parent]
     assert row["status"] != "intent"

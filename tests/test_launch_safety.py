@@ -91,7 +91,7 @@ def test_lost_create_answers_are_never_repeated_and_late_creates_are_confirmed(
     # 8 pending tasks / 2 per instance = 4 instances wanted: exactly 4 creates, never more
     assert len(fleet.creates) == 4 and len(set(fleet.creates)) == 4
     assert len(fleet.listed) == 4
-    rows = [r for r in journal.actions(1000) if r["action"] == "launch" and r["parent_id"]]
+    rows = [r for r in journal.actions.recent(1000) if r["action"] == "launch" and r["parent_id"]]
     assert sorted(r["status"] for r in rows) == ["ok"] * 4
     assert all(r["result"]["confirmed_late"] for r in rows)
 
@@ -102,9 +102,11 @@ def test_a_failed_listing_launches_nothing_and_escalates_once(tmp_path: Path) ->
     fleet.fail_listing = True
     run(c, clock, 5)
     assert fleet.creates == []
-    esc = [e for e in journal.escalations() if e["kind"] == "sensing_failure"]
+    esc = [e for e in journal.escalations.recent() if e["kind"] == "sensing_failure"]
     assert len(esc) == 1 and esc[0]["subject"] == "sensor:provider"
-    vetoed = [r for r in journal.actions(1000, executed_only=False) if r["verdict"] == "veto"]
+    vetoed = [
+        r for r in journal.actions.recent(1000, executed_only=False) if r["verdict"] == "veto"
+    ]
     assert vetoed and all(r["guard"] == "sensing" for r in vetoed)
 
 
@@ -128,18 +130,20 @@ def test_actions_a_crashed_run_left_unfinished_are_closed_and_decided_again(
     fleet = LateFleet(late=1)
     c, journal, clock = controller(tmp_path, fleet)
     run(c, clock, 3)
-    stale = journal.record(tick_id=None, now=clock[0], action="destroy", target="instance:1000",
-                           params={"instance": "1000"}, proposer="rule:x", reason="r",
-                           confidence=1, verdict="act", why="w", status="intent")  # fmt: skip
-    done = journal.record(tick_id=None, now=clock[0], action="destroy", target="instance:999",
-                          params={"instance": "999"}, proposer="rule:x", reason="r",
-                          confidence=1, verdict="act", why="w", status="intent")  # fmt: skip
+    stale = journal.actions.record(tick_id=None, now=clock[0], action="destroy",
+                                   target="instance:1000", params={"instance": "1000"},
+                                   proposer="rule:x", reason="r", confidence=1, verdict="act",
+                                   why="w", status="intent")  # fmt: skip
+    done = journal.actions.record(tick_id=None, now=clock[0], action="destroy",
+                                  target="instance:999", params={"instance": "999"},
+                                  proposer="rule:x", reason="r", confidence=1, verdict="act",
+                                  why="w", status="intent")  # fmt: skip
     run(c, clock, 1)
-    [row] = [r for r in journal.actions(1000) if r["id"] == stale]
+    [row] = [r for r in journal.actions.recent(1000) if r["id"] == stale]
     assert row["status"] == "interrupted" and "decide again" in row["result"]["note"]
-    [row] = [r for r in journal.actions(1000) if r["id"] == done]  # not listed: it is gone
+    [row] = [r for r in journal.actions.recent(1000) if r["id"] == done]  # not listed: it is gone
     assert row["status"] == "ok" and row["result"]["confirmed_by"] == "listing"
-    assert journal.in_flight() == []
+    assert journal.actions.in_flight() == []
 
 
 def test_a_create_that_rented_nothing_stops_counting_once_good_listings_lack_it(
@@ -155,6 +159,8 @@ def test_a_create_that_rented_nothing_stops_counting_once_good_listings_lack_it(
     assert len(fleet.creates) == 4
     run(c, clock, 1)  # 300 s: the first is lost, one more launch for its share
     assert len(fleet.creates) == 5
-    lost = [r for r in journal.actions(1000) if r["action"] == "launch" and r["status"] == "lost"]
+    lost = [
+        r for r in journal.actions.recent(1000) if r["action"] == "launch" and r["status"] == "lost"
+    ]
     assert [r["key"] for r in lost] == fleet.creates[:1]
     assert "never listed in 300s" in lost[0]["result"]["note"]

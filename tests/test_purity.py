@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
 from pathlib import Path
+
+from test_layers import imports_of
 
 ROOT = Path(__file__).resolve().parent.parent
 CORE = (
@@ -27,15 +28,7 @@ def _imports(module: str) -> set[str]:
     path = ROOT / (module.replace(".", "/") + ".py")
     if not path.exists():
         path = ROOT / module.replace(".", "/") / "__init__.py"
-    tree = ast.parse(path.read_text(), str(path))
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found |= {f"{node.module}.{a.name}" for a in node.names}
-    return found
+    return imports_of(path.read_text(), str(path))
 
 
 def _closure(start: tuple[str, ...]) -> dict[str, set[str]]:

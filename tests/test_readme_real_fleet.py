@@ -47,9 +47,9 @@ from fakes.vast_server import FakeVast, offer
 from psycopg import sql
 from support import FakeClock
 
-from controller.service.app import App, build, status
+from controller.service.app import App, status
+from controller.service.assemble import assemble
 from controller.service.config import Config, parse_config
-from controller.sim.wire import Seams
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "controller" / "examples" / "vast-curio.yaml"
@@ -373,6 +373,7 @@ class World:
             self.vast.advance(TICK_S)
             self.step()
             self.app.controller.tick()
+            self.app.outbox_step()  # deliveries, as `fleetgate tick` makes them after its tick
             self.invariants()
 
     def invariants(self) -> None:
@@ -406,13 +407,13 @@ class World:
 
     # -- what the journal says (`fleetgate actions`: executed decisions) -------------------
     def executed(self, action: str) -> list[dict[str, Any]]:
-        rows = self.app.journal.actions(100_000, executed_only=True)
+        rows = self.app.journal.actions.recent(100_000, executed_only=True)
         return [r for r in rows if r["action"] == action and r["parent_id"] is None]
 
     def journal_tail(self, n: int = 12, interesting: bool = False) -> str:
         """The last `n` journal rows as `fleetgate actions --all` lists them (for messages);
         `interesting`: without the rows that only repeat an ask."""
-        rows = self.app.journal.actions(100_000 if interesting else n)
+        rows = self.app.journal.actions.recent(100_000 if interesting else n)
         if interesting:
             rows = [r for r in rows if r["verdict"] != "ask"][-n:]
         return "\n".join(f"  #{r['id']} t+{r['at'] - self.start:.0f}s {r['action']} "
@@ -433,7 +434,7 @@ class World:
     def escalation_summary(self) -> str:
         return "escalations: " + ", ".join(
             f"#{e['id']} {e['subject']} {e['status']} t+{e['created_at'] - self.start:.0f}s"
-            for e in self.app.journal.escalations()
+            for e in self.app.journal.escalations.recent()
         )
 
     def deviation(self, what: str) -> None:
@@ -447,10 +448,10 @@ class World:
 
     def own_listed(self) -> list[str]:
         """Own instances the controller's last listing had (the fleet as it sees it)."""
-        return sorted(self.app.journal.history(self.clock()).instances)
+        return sorted(self.app.journal.fleet.history(self.clock()).instances)
 
     def launched_labels(self) -> list[str]:
-        rows = self.app.journal.actions(100_000, executed_only=True)
+        rows = self.app.journal.actions.recent(100_000, executed_only=True)
         return [r["key"] for r in rows if r["action"] == "launch" and r["parent_id"] is not None
                 and r["status"] == "ok"]  # fmt: skip
 
@@ -485,11 +486,8 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
         monkeypatch.setenv("SLACK_WEBHOOK_URL", f"{slack.url}/services/T0/B0/readme")
         config = example_config(vast_url=vast.url, api_port=port, curio_schema=db.schema)
         clock = FakeClock(1_750_000_000.0)
-        seams = Seams.real()
-        sleeps: list[float] = []
-        seams.clock = clock
-        seams.sleep = sleeps.append  # pacing and retry waits advance nothing
-        app = build(config, tmp_path / "state", clock=clock, seams=seams)
+        sleeps: list[float] = []  # pacing and retry waits advance nothing
+        app = assemble(config, state=tmp_path / "state", clock=clock, sleep=sleeps.append)
         server = app.serve_api()
         assert server is not None
         w = World(vast, db, app, config, clock, f"http://127.0.0.1:{port}", slack,
@@ -507,7 +505,6 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
             finally:
                 server.stop()
                 app.close()
-                seams.session.close()
             left = {g: m for c in w.containers.values() for g in c.groups
                     if (m := group_members(g))}  # fmt: skip
             assert not left, f"processes outlived the test (group: pids): {left}"
@@ -561,7 +558,7 @@ def test_a_second_scale_up_within_the_hour_is_put_to_a_person(world: World) -> N
     w.tick()
     w.db.post("PoRep", 4)  # 4 wait, 1 serves: ceil((4 + 2) / 2) = 3 instances
     w.tick(2)
-    asked = [r for r in w.app.journal.actions(100) if r["action"] == "scale_to"
+    asked = [r for r in w.app.journal.actions.recent(100) if r["action"] == "scale_to"
              and r["verdict"] == "ask" and r["params"] == {"count": 3}]  # fmt: skip
     assert asked and asked[-1]["proposer"] == "rule:scale-to-proving-burst"
     pending = [e for e in w.pending() if e["kind"] == "approval"]
@@ -570,7 +567,7 @@ def test_a_second_scale_up_within_the_hour_is_put_to_a_person(world: World) -> N
         "pending for a person to approve: it has the fingerprint of the approved and executed "
         f"escalation #{esc['id']} ({esc['fingerprint']}, t+{esc['created_at'] - w.start:.0f}s), "
         "so it is not raised again within the dedup window (1 h). Escalations: "
-        f"{[(e['id'], e['subject'], e['status']) for e in w.app.journal.escalations()]}"
+        f"{[(e['id'], e['subject'], e['status']) for e in w.app.journal.escalations.recent()]}"
     )
 
 
@@ -645,7 +642,7 @@ def test_the_readme_fleet_end_to_end(world: World) -> None:
     assert "cuzk: started" in done.result["detail"] and a.daemon_alive()
     assert "restart cuzk" in a.supervisorctl_calls()
     w.tick()
-    hist = w.app.journal.history(w.clock())
+    hist = w.app.journal.fleet.history(w.clock())
     assert hist.instances[str(a.iid)].daemon == "up"
     assert hist.count(str(a.iid), "restart", w.start) == 1  # seen up again: one restart
     assert [r.path for r in vast.of("reboot")] == [], "a vast reboot instead of the agent"
@@ -684,11 +681,11 @@ def test_the_readme_fleet_end_to_end(world: World) -> None:
         w.notes.append(f"drained instances destroyed {w.clock() - drained_at:.0f} s "
                        "(virtual) after the drain")  # fmt: skip
     destroyed = w.executed("destroy")
-    for r in w.app.journal.actions(100_000):  # "the rest waits for the next tick"
+    for r in w.app.journal.actions.recent(100_000):  # "the rest waits for the next tick"
         if r["verdict"] == "veto" and r["proposer"].startswith("human:") and r["escalation_id"]:
             later = [d["at"] for d in destroyed if d["target"] == r["target"] and d["at"] > r["at"]]
             if not later or min(later) - r["at"] > 3 * TICK_S:
-                e = w.app.journal.escalation(r["escalation_id"])
+                e = w.app.journal.escalations.escalation(r["escalation_id"])
                 w.deviation(
                     f"step 3: escalation #{r['escalation_id']} ({r['action']} {r['target']}), "
                     f"approved by a person, was vetoed at t+{r['at'] - w.start:.0f}s by "
@@ -728,8 +725,8 @@ def test_the_readme_fleet_end_to_end(world: World) -> None:
     assert all(label.startswith("fg-") for label in vast.creates_by_label)
     assert w.requests_to(foreign) == []  # no show, update, reboot or destroy of theirs
     untouchable = {f"instance:{i}" for i in foreign}
-    assert [r for r in w.app.journal.actions(100_000) if r["target"] in untouchable] == []
-    assert [e for e in w.app.journal.escalations() if e["subject"] in untouchable] == []
+    assert [r for r in w.app.journal.actions.recent(100_000) if r["target"] in untouchable] == []
+    assert [e for e in w.app.journal.escalations.recent() if e["subject"] in untouchable] == []
     assert set(w.foreign) <= set(vast.instances)
     assert {(f["id"], f["label"]) for f in status(w.app)["foreign"]} == {
         (str(i), label) for i, label in w.foreign.items()

@@ -24,9 +24,9 @@ from fakes.curio_db import CurioDB
 from fakes.vast_server import Empty, FakeVast, Lost, Status, offer
 from support import FakeClock
 
-from controller.service.app import App, build
+from controller.service.app import App
+from controller.service.assemble import assemble
 from controller.service.config import parse_config
-from controller.sim.wire import Seams
 
 ROOT = Path(__file__).resolve().parent.parent
 DSN = os.environ.get("FLEETGATE_TEST_PG_DSN", "host=127.0.0.1 port=5432 dbname=test user=postgres")
@@ -114,7 +114,7 @@ class World:
             self.agents()
 
     def actions(self, action: str) -> list[dict[str, Any]]:
-        rows = self.app.journal.actions(10_000)
+        rows = self.app.journal.actions.recent(10_000)
         return [r for r in rows if r["action"] == action and r["status"] == "ok"
                 and r["parent_id"] is None]  # fmt: skip
 
@@ -157,9 +157,8 @@ escalation: {{channels: [file]}}
 """,
         )
         clock = FakeClock()
-        seams = Seams.real()
-        seams.clock, seams.sleep = clock, clock.sleep  # the vast client's pacing and backoff
-        app = build(cfg, tmp_path / "state", clock=clock, seams=seams)
+        # the vast client's pacing and backoff sleep on the fake clock
+        app = assemble(cfg, state=tmp_path / "state", clock=clock, sleep=clock.sleep)
         server = app.serve_api()
         w = World(vast, db, app, f"http://127.0.0.1:{port}", clock)
 
@@ -209,7 +208,7 @@ def test_tasks_launch_daemons_restart_crash_loops_are_replaced_and_idle_capacity
         replace["params"]["block_host"]
         and replace["proposer"] == "rule:replace-crash-looping-instance"
     )
-    blocked = {h["machine_id"] for h in world.app.journal.hosts() if h["blocked_until"]}
+    blocked = {h["machine_id"] for h in world.app.journal.fleet.hosts() if h["blocked_until"]}
     b_machine = str(world.vast.instances[b]["machine_id"])
     assert blocked == {b_machine}
     searches = [json.dumps(r.body) for r in world.vast.of("search")]
@@ -234,7 +233,7 @@ def test_bursts_of_429_and_5xx_and_late_creates_never_duplicate(world: World) ->
     world.tick(6)
     assert sum(world.vast.creates_by_label.values()) == 2
     assert set(world.vast.creates_by_label.values()) == {1}
-    launches = [r for r in world.app.journal.actions(1000) if r["action"] == "launch"
+    launches = [r for r in world.app.journal.actions.recent(1000) if r["action"] == "launch"
                 and r["parent_id"] is not None]  # fmt: skip
     assert any(r["result"].get("confirmed_late") for r in launches)
 
@@ -253,7 +252,7 @@ def test_an_empty_or_410_listing_changes_nothing_and_is_escalated_once(
     world.tick(4)
     changes = [r for r in world.vast.requests[before:] if r.method in ("PUT", "DELETE")]
     assert changes == []
-    esc = [e for e in world.app.journal.escalations() if e["kind"] == "sensing_failure"]
+    esc = [e for e in world.app.journal.escalations.recent() if e["kind"] == "sensing_failure"]
     assert len(esc) == 1 and "fleet listing failed" in esc[0]["summary"]
 
 
@@ -282,8 +281,17 @@ def test_a_restart_no_agent_picks_up_becomes_a_vast_reboot(world: World) -> None
     world.app.controller.tick()
     reboots = [r for r in world.vast.requests if r.endpoint == "reboot"]
     assert [r.path for r in reboots] == [f"/api/v0/instances/reboot/{iid}/"]
-    [reboot] = world.actions("reboot")
-    assert reboot["proposer"] == "controller:agent" and "did not pick up" in reboot["reason"]
+    [reboot] = world.actions("reboot")  # the shipped rule, on the derived field
+    assert reboot["proposer"] == "rule:reboot-when-agent-misses-a-restart"
+    store = world.app.controller.provider.lifecycle
+    [cmd] = [c for c in store.commands(store.resolve(str(iid)).label)]
+    assert cmd.done_at is not None and cmd.result == {  # the reboot closed the command
+        "ok": False,
+        "detail": "not picked up in time: the instance rebooted",
+    }
+    world.vast.advance(60)
+    world.app.controller.tick()  # nothing overdue any more: no second reboot
+    assert len(world.actions("reboot")) == 1
 
 
 def test_a_drain_the_config_does_not_allow_fails_that_action_only(world: World) -> None:
@@ -309,4 +317,5 @@ def test_one_failed_status_probe_restarts_nothing(world: World) -> None:
     world.cuzk[iid].alive = True
     world.tick(3)
     assert world.actions("restart_daemon") == []
-    assert world.app.journal.get("health.failures") == {}
+    track = world.app.journal.fleet.tracks()[str(iid)]
+    assert track.daemon == "up" and track.probe_fails == 0  # the blip was counted and forgotten

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from controller.service.app import build
+from controller.service.assemble import assemble
 from controller.service.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +32,8 @@ def touch_later(path: Path, text: str) -> None:
 
 def test_a_good_edit_takes_effect_and_a_bad_one_keeps_the_last_good_rules(tmp_path: Path) -> None:
     rules = rules_copy(tmp_path)
-    app = build(Config(), tmp_path / "state", seed=7, rules=[str(rules)])
+    app = assemble(Config(), state=tmp_path / "state", clock=time.time, sleep=time.sleep,
+                   seed=7, rules=[str(rules)])  # fmt: skip
     try:
         ctl = app.controller
         first = ctl.rules.book.digest
@@ -47,10 +48,11 @@ def test_a_good_edit_takes_effect_and_a_bad_one_keeps_the_last_good_rules(tmp_pa
         ctl.tick()
         ctl.tick()  # an unchanged bad file is not reported again
         assert ctl.rules.book.digest == second  # the last good rules stay in force
-        reloads = app.journal.reloads()
+        reloads = app.journal.meta.reloads()
         assert [(r["ok"], r["digest"]) for r in reloads] == [(1, second), (0, second)]
         assert "crashes.yaml:" in reloads[1]["problems"] and "greater" in reloads[1]["problems"]
-        assert [t["rules"] for t in app.journal.ticks(4)][::-1] == [first, second, second, second]
+        ticks = app.journal.meta.ticks(4)
+        assert [t["rules"] for t in ticks][::-1] == [first, second, second, second]
     finally:
         app.close()
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from controller.core.model import Instance, Observation, SensorStatus
-from controller.service.tick import followups
+from controller.core.reconcile import followups
 from controller.store.journal import Journal
 
 OK = (SensorStatus("provider", "ok"), SensorStatus("demand", "ok"))
@@ -28,14 +28,14 @@ def inst(id: str, label: str, **kw: Any) -> Instance:
 @pytest.fixture
 def journal(tmp_path: Path) -> Journal:
     j = Journal(tmp_path / "j.db")
-    j.add_replacement("1", "new-1", NOW - 600, NOW + 3000, 1)  # deadline not reached
+    j.actions.add_replacement("1", "new-1", NOW - 600, NOW + 3000, 1)  # deadline not reached
     return j
 
 
 def destroys(journal: Journal, *instances: Instance) -> list[tuple[str, str]]:
     obs = Observation(NOW, tuple(instances), (), OK)
-    return [(p.params["instance"], p.reason) for p in followups(journal, obs, NOW, write=True)
-            if p.action == "destroy"]  # fmt: skip
+    proposals, _ = followups(journal.actions.replacements(), obs, NOW)
+    return [(p.params["instance"], p.reason) for p in proposals if p.action == "destroy"]
 
 
 @pytest.mark.parametrize(

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 from controller.core.model import Instance, Observation, SensorStatus
 from controller.core.sanity import check_listing
 from controller.fleet.base import StaleReading
-from controller.service.app import build
+from controller.service.assemble import assemble
 from controller.service.config import Config
 
 OK = (SensorStatus("provider", "ok"), SensorStatus("demand", "ok"))
@@ -50,21 +51,21 @@ class Halving:
 
 
 def test_a_fleet_that_vanishes_from_the_listing_is_held_not_replaced(tmp_path: Path) -> None:
-    app = build(Config(), tmp_path / "s", seed=7)
+    app = assemble(Config(), state=tmp_path / "s", clock=time.time, sleep=time.sleep, seed=7)
     try:
         ctl = app.controller
         for _ in range(40):
             ctl.tick()
         fleet = Halving(ctl.provider)
         ctl.provider = ctl.actuator.provider = fleet
-        before = {r["id"] for r in app.journal.actions(10_000)}
+        before = {r["id"] for r in app.journal.actions.recent(10_000)}
         destroyed_before = app.sim.stats["instances_destroyed"] if app.sim else 0
-        tracked = set(app.journal.history(ctl.clock()).instances)
+        tracked = set(app.journal.fleet.history(ctl.clock()).instances)
         assert len(tracked) >= 6
         fleet.halve = True
         for _ in range(5):
             ctl.tick()
-        new = [r for r in app.journal.actions(10_000) if r["id"] not in before]
+        new = [r for r in app.journal.actions.recent(10_000) if r["id"] not in before]
         changes = [
             r
             for r in new
@@ -73,8 +74,9 @@ def test_a_fleet_that_vanishes_from_the_listing_is_held_not_replaced(tmp_path: P
         ]
         assert changes == []
         assert app.sim and app.sim.stats["instances_destroyed"] == destroyed_before
-        assert set(app.journal.history(ctl.clock()).instances) >= tracked  # nothing marked gone
-        sensing = [e for e in app.journal.escalations() if e["kind"] == "sensing_failure"]
+        still = set(app.journal.fleet.history(ctl.clock()).instances)
+        assert still >= tracked  # nothing marked gone
+        sensing = [e for e in app.journal.escalations.recent() if e["kind"] == "sensing_failure"]
         assert len(sensing) == 1 and "vanished without our actions" in sensing[0]["summary"]
     finally:
         app.close()
@@ -93,24 +95,24 @@ class Frozen:
 
 
 def test_stale_demand_holds_scaling_and_is_escalated_once(tmp_path: Path) -> None:
-    app = build(Config(), tmp_path / "s", seed=7)
+    app = assemble(Config(), state=tmp_path / "s", clock=time.time, sleep=time.sleep, seed=7)
     try:
         ctl = app.controller
         for _ in range(40):
             ctl.tick()
         demand = Frozen(ctl.demand)
         ctl.demand = demand
-        before = {r["id"] for r in app.journal.actions(10_000)}
+        before = {r["id"] for r in app.journal.actions.recent(10_000)}
         demand.stale = True
         for _ in range(8):
             planned = ctl.tick()
         assert [s.state for s in planned.observation.sensors if s.name == "demand"] == ["stale"]
-        new = [r for r in app.journal.actions(10_000) if r["id"] not in before]
+        new = [r for r in app.journal.actions.recent(10_000) if r["id"] not in before]
         destructive = ("launch", "destroy", "replace", "drain", "scale_to")
         assert [r for r in new if r["verdict"] == "act" and r["action"] in destructive] == []
         # what the rules still proposed went to people (weak evidence) or was held, not acted on
         assert any(r["verdict"] in ("ask", "veto") and r["action"] in destructive for r in new)
-        sensing = [e for e in app.journal.escalations() if e["kind"] == "sensing_failure"]
+        sensing = [e for e in app.journal.escalations.recent() if e["kind"] == "sensing_failure"]
         assert len(sensing) == 1 and "demand reading stale" in sensing[0]["summary"]
     finally:
         app.close()

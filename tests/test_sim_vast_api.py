@@ -24,14 +24,10 @@ from controller.fleet.base import (
     SensorError,
     TemporaryProviderError,
 )
-from controller.fleet.vast import (
-    CreateOutcomeUnknown,
-    OfferGone,
-    VastClient,
-    VastProvider,
-    VastSettings,
-    offer_query,
-)
+from controller.fleet.vast import VastProvider, VastSettings
+from controller.fleet.vast_client import VastClient
+from controller.fleet.vast_errors import CreateOutcomeUnknown, OfferGone
+from controller.fleet.vast_offers import offer_query
 from controller.sim import SimConfig, Simulation
 from controller.sim.vast_api import SimVastAPI
 from controller.sim.vast_views import ask_id

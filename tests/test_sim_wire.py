@@ -8,12 +8,14 @@ the calls at each seam, and check what a real account holds is handled as on vas
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from controller.fleet.curio import CurioDemand
 from controller.fleet.observe import RealFleet
 from controller.fleet.vast import VastProvider
-from controller.service.app import App, build, status
+from controller.service.app import App, status
+from controller.service.assemble import assemble
 from controller.service.config import Config
 from controller.store.records import LifecycleStore
 
@@ -27,7 +29,7 @@ WORLD = {"boot_s": [30, 30], "pull_s": [30, 30], "register_s": [20, 20],
 def sim_app(tmp_path: Path, **agents: object) -> App:
     config = Config.model_validate({"sim": {"world": WORLD, "agents": agents},
                                     "escalation": {"channels": []}})  # fmt: skip
-    return build(config, tmp_path / "state")
+    return assemble(config, state=tmp_path / "state", clock=time.time, sleep=time.sleep)
 
 
 def test_a_simulated_tick_goes_through_every_seam_of_the_real_fleet_path(tmp_path: Path) -> None:
@@ -62,7 +64,7 @@ def test_instances_on_the_account_that_fleetgate_did_not_launch_stay_untouched(
     assert {f["status"] for f in foreign} == {"running", "stopped"}
     world = app.sim.world
     assert world.account.foreign_destroyed == 0 and len(world.account.foreign) == 3
-    acted = {r["target"] for r in app.journal.actions(10_000, executed_only=False)}
+    acted = {r["target"] for r in app.journal.actions.recent(10_000, executed_only=False)}
     assert not acted & {f"instance:{f['id']}" for f in foreign} and not acted & {
         f["id"] for f in foreign}  # fmt: skip
     app.close()
@@ -72,7 +74,7 @@ def test_a_restart_goes_to_the_agent_not_to_a_vast_reboot(tmp_path: Path) -> Non
     app = sim_app(tmp_path)
     for _ in range(240):
         app.controller.tick()
-    restarts = [r for r in app.journal.actions(10_000) if r["action"] == "restart_daemon"]
+    restarts = [r for r in app.journal.actions.recent(10_000) if r["action"] == "restart_daemon"]
     assert restarts, "the world's daemons die often enough for a restart in 4 h"
     assert app.wire.agents.service.calls["command_done"] >= 1
     assert app.wire.vast.calls["reboot"] == 0

@@ -7,7 +7,7 @@ from typing import Any
 
 from controller.core.facts import build_facts
 from controller.core.model import Instance, Observation, SensorStatus
-from controller.core.track import History, advance
+from controller.core.track import NO_DEBOUNCE, Debounce, History, Track, advance, debounced
 
 OK = (SensorStatus("provider", "ok"), SensorStatus("demand", "ok"))
 
@@ -75,3 +75,48 @@ def test_vanished_instances_are_gone_but_not_when_the_listing_failed() -> None:
     assert ev == [] and set(h2.instances) == {"1", "2"}
     h3, ev = step(h, 60, inst())
     assert kinds(ev) == ["gone"] and ev[0].instance_id == "2" and set(h3.instances) == {"1"}
+
+
+# ---- health debounce: a failed probe is a death only once failures persist -----------------
+def probed(hist: History, now: float, daemon: str, d: Debounce) -> tuple[History, str, list[str]]:
+    obs = Observation(now, (inst(daemon=daemon, daemon_uptime_s=None if daemon != "up" else
+                                 now),), (), OK)  # fmt: skip
+    tracks, events = advance(hist, obs, now, d)
+    seen = debounced(obs, tracks).instances[0].daemon
+    return replace(hist, instances=tracks), seen, kinds(events)
+
+
+def test_a_daemon_counts_as_down_only_after_failures_that_persist() -> None:
+    d = Debounce(count=2, after_s=60.0)
+    hist, seen, _ = probed(History(), 0.0, "up", d)
+    hist, seen, evs = probed(hist, 100.0, "down", d)
+    assert seen == "up" and "death" not in evs  # one blip: still up
+    hist, seen, evs = probed(hist, 130.0, "down", d)
+    assert seen == "up" and "death" not in evs  # two, but within 60 s
+    hist, seen, evs = probed(hist, 170.0, "down", d)
+    assert seen == "down" and evs == ["death"]  # persisted: one death
+    facts = build_facts(Observation(170.0, (inst(daemon="down"),), (), OK), hist, 170.0)
+    fact = next(f for f in facts if f["kind"] == "instance")
+    assert fact["down_for_s"] == 0.0  # down from now on
+    hist, seen, evs = probed(hist, 200.0, "up", d)
+    assert seen == "up" and evs == ["restart"] and hist.instances["1"].probe_fails == 0
+    hist, seen, _ = probed(hist, 210.0, "down", d)
+    assert seen == "up" and hist.instances["1"].probe_failing_since == 210.0  # counting anew
+
+
+def test_without_debounce_one_failed_probe_is_down_and_unprobed_daemons_reset_the_count() -> None:
+    hist, seen, evs = probed(History(), 0.0, "up", NO_DEBOUNCE)
+    hist, seen, evs = probed(hist, 10.0, "down", NO_DEBOUNCE)
+    assert seen == "down" and evs == ["death"]
+    d = Debounce(count=3, after_s=0.0)
+    hist, _, _ = probed(History(), 0.0, "up", d)
+    hist, _, _ = probed(hist, 10.0, "down", d)
+    hist, seen, _ = probed(hist, 20.0, "unknown", d)  # not probed this tick
+    assert seen == "unknown" and hist.instances["1"].probe_fails == 0
+
+
+def test_a_track_stored_before_probe_counting_loads_and_stays_down() -> None:
+    old = Track("1", "m1", 0.0, "running", 0.0, "running", 0.0, "down", 5.0)
+    hist = History(instances={"1": old})
+    _, seen, evs = probed(hist, 10.0, "down", Debounce(count=5, after_s=600.0))
+    assert seen == "down" and "death" not in evs

@@ -36,16 +36,11 @@ from controller.fleet.base import (
     SensorError,
     TemporaryProviderError,
 )
-from controller.fleet.vast import (
-    CreateOutcomeUnknown,
-    OfferGone,
-    VastClient,
-    VastProvider,
-    VastSettings,
-    offer_query,
-    rank_offers,
-    to_instance,
-)
+from controller.fleet.vast import VastProvider, VastSettings
+from controller.fleet.vast_client import VastClient
+from controller.fleet.vast_errors import CreateOutcomeUnknown, OfferGone
+from controller.fleet.vast_instances import to_instance
+from controller.fleet.vast_offers import offer_query, rank_offers
 
 KEY = "vast-test-key-7f3c9a1e5d2b"
 IMAGE = "ghcr.io/example/cuzk-curio:1.2"

@@ -1,11 +1,16 @@
-"""The closed action vocabulary: one typed parameter schema per action.
+"""The closed action vocabulary: one descriptor per action.
 
-The same schemas validate rule `then` blocks, human answers and (later) the LLM's tool calls.
+A descriptor holds everything the controller knows about an action: its parameter schema
+(which validates rule `then` blocks, human answers and the LLM's tool calls), whether it is
+destructive, which failed sensors hold it, whether it runs while paused, whether an answer to an
+escalation may name it, whether the LLM is offered it, and what carries it out. The guards, the
+actuator, the LLM's tools and the README's action table read these; nothing else lists actions.
 Pure: no I/O.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -55,27 +60,73 @@ class Reason(_Params):
     reason: str = Field(default="", max_length=2000)
 
 
-ACTIONS: dict[str, type[_Params]] = {
-    "launch": Launch,
-    "scale_to": ScaleTo,
-    "destroy": OnInstance,
-    "replace": Replace,
-    "drain": OnInstance,
-    "restart_daemon": OnInstance,
-    "reboot": OnInstance,
-    "block_host": BlockHost,
-    "notify": Notify,
-    "escalate": Reason,
-    "hold": Reason,
-}
+Sensor = Literal["provider", "demand"]
+# What carries an action out in controller.fleet.actuator: `launch` rents, `replace` rents a
+# successor, `block_host` journals a host block, `provider_call` calls the provider's method of
+# the action's name on its instance, `notify` tells the operators, `record` calls nothing.
+Executor = Literal["launch", "replace", "block_host", "provider_call", "notify", "record"]
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    """One action of the vocabulary and the policy attached to it."""
+
+    name: str
+    params: type[_Params]
+    summary: str
+    """What it does, in plain words (the LLM's tool description and the README)."""
+    executor: Executor | None
+    """What carries it out; None: it never reaches the actuator (see `summary`)."""
+    destructive: bool = False
+    """It removes capacity or work: many at once on working instances lowers confidence."""
+    held_on_sensing_failure: tuple[Sensor, ...] = ()
+    """The sensors whose failure (or staleness) holds it in the guards."""
+    pause_exempt: bool = False
+    """It still runs while the controller is paused."""
+    overridable: bool = True
+    """An answer to an escalation (a person's or the LLM's) may name it, with parameters of
+    its own; an answer naming an action that is not overridable is void."""
+    offered_to_llm: bool = True
+    """The LLM gets it as a tool when it reads a situation."""
+
+
+_FLEET: tuple[Sensor, ...] = ("provider",)
+_SCALING: tuple[Sensor, ...] = ("provider", "demand")
+
+DESCRIPTORS: dict[str, Descriptor] = {d.name: d for d in (
+    Descriptor("launch", Launch, "Rent `count` new instances with the configured offer filter.",
+               "launch", held_on_sensing_failure=_FLEET),
+    Descriptor("scale_to", ScaleTo, "Bring the fleet to `count` live instances (shrinking "
+               "drains idle ones first); the guards turn it into the launches it implies.",
+               None, held_on_sensing_failure=_SCALING),
+    Descriptor("destroy", OnInstance, "Destroy one instance now; tasks still running on it are "
+               "lost (the guards drain a healthy one first).", "provider_call",
+               destructive=True, held_on_sensing_failure=_SCALING),
+    Descriptor("replace", Replace, "Launch a replacement; this instance is destroyed once the "
+               "new one runs, or at once if it serves nothing meanwhile.", "replace",
+               destructive=True, held_on_sensing_failure=_FLEET),
+    Descriptor("drain", OnInstance, "Stop giving new tasks to an instance (Curio "
+               "unschedulable).", "provider_call", held_on_sensing_failure=_FLEET),
+    Descriptor("restart_daemon", OnInstance, "Restart the proving daemon (cuzk) on an "
+               "instance.", "provider_call"),
+    Descriptor("reboot", OnInstance, "Reboot an instance.", "provider_call", destructive=True,
+               held_on_sensing_failure=_FLEET),
+    Descriptor("block_host", BlockHost, "Stop renting a machine for `for` seconds.",
+               "block_host"),
+    Descriptor("notify", Notify, "Send the operators a message; changes nothing.", "notify",
+               pause_exempt=True),
+    Descriptor("escalate", Reason, "Ask a person: a `requested` escalation with the rule's "
+               "reason and matched facts; nothing is acted on.", None, pause_exempt=True,
+               overridable=False, offered_to_llm=False),
+    Descriptor("hold", Reason, "Change nothing for now.", "record", pause_exempt=True),
+)}  # fmt: skip
+
+ACTIONS: dict[str, type[_Params]] = {name: d.params for name, d in DESCRIPTORS.items()}
 
 ActionName = Literal[
     "launch", "scale_to", "destroy", "replace", "drain", "restart_daemon", "reboot",
     "block_host", "notify", "escalate", "hold",
 ]  # fmt: skip
-
-# Actions that remove capacity or work: held when sensing is in doubt, counted by the destroy cap.
-DESTRUCTIVE = frozenset({"destroy", "replace", "reboot"})
 
 
 class ActionError(ValueError):
@@ -100,3 +151,35 @@ def validate(action: str, params: dict[str, Any]) -> dict[str, Any]:
 def json_schema(action: str) -> dict[str, Any]:
     """The action's parameter schema as JSON Schema (for tool definitions)."""
     return ACTIONS[action].model_json_schema(by_alias=True)
+
+
+def descriptor(action: str) -> Descriptor:
+    """The action's descriptor, or ActionError naming the vocabulary."""
+    spec = DESCRIPTORS.get(action)
+    if spec is None:
+        raise ActionError(f"unknown action {action!r} (expected one of {', '.join(DESCRIPTORS)})")
+    return spec
+
+
+_COLUMNS = ("action", "parameters", "destructive", "held when these sensors fail",
+            "runs while paused", "an answer may name it", "offered to the LLM", "carried out by",
+            "what it does")  # fmt: skip
+
+
+def table() -> str:
+    """The descriptors as the Markdown table in the README (a test keeps the two equal)."""
+
+    def yes(flag: bool) -> str:
+        return "yes" if flag else "no"
+
+    rows = [_COLUMNS, tuple("---" for _ in _COLUMNS)]
+    for d in DESCRIPTORS.values():
+        fields = d.params.model_fields
+        params = [(f.alias or n) + ("" if f.is_required() else "?") for n, f in fields.items()]
+        rows.append((
+            f"`{d.name}`", ", ".join(params), yes(d.destructive),
+            ", ".join(d.held_on_sensing_failure) or "none", yes(d.pause_exempt),
+            yes(d.overridable), yes(d.offered_to_llm), f"`{d.executor}`" if d.executor else "—",
+            d.summary,
+        ))  # fmt: skip
+    return "\n".join("| " + " | ".join(r) + " |" for r in rows) + "\n"

@@ -9,8 +9,12 @@ in as data; `controller.service.tick` runs the engine. Steps:
 2. find unmatched facts: outside `normal` (the engine's abnormal detectors fired) and claimed by
    no rule;
 3. lower confidence where the evidence is weak (a sensor not ok, a plan removing a large share);
+   an `escalate` proposal becomes a `requested` doubt (it is never acted on), and an answer to
+   an escalation naming an action that is not `overridable` is void;
 4. merge duplicates and resolve conflicts per target by priority; a tie is a conflict;
 5. gate each survivor: below the threshold, or on `propose` autonomy → ask; `observe` → record.
+   `gate` is the one confidence/autonomy gate: the escalation router judges the LLM's answers
+   with it too.
 """
 
 from __future__ import annotations
@@ -20,10 +24,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
-from controller.core.actions import DESTRUCTIVE, ActionName
+from controller.core.actions import ActionName, descriptor
 from controller.core.matches import Match
 from controller.core.model import Decision, Proposal
-from controller.core.policy import DecideSettings
+from controller.core.policy import DecideSettings, Gate
 
 # The fields that make an unmatched fact a different situation (its fingerprint's key).
 KEY_FIELDS = {
@@ -41,7 +45,8 @@ SENSOR_WORDS = {"provider": "fleet listing", "demand": "demand reading"}
 class Doubt:
     """Something rules cannot decide, to be escalated (see escalation.situation)."""
 
-    # unmatched, sensing_failure, low_confidence, conflict, rule_error, guard_veto, approval
+    # unmatched, sensing_failure, low_confidence, conflict, rule_error, guard_veto, approval,
+    # requested
     kind: str
     subject: str
     summary: str
@@ -115,7 +120,7 @@ def _removes_work(p: Proposal, facts: dict[str, dict[str, Any]]) -> bool:
     Many of these at once is doubtful (a host-wide outage, or a sensing glitch); removing idle
     instances when the queue is empty is routine scale-down and not counted.
     """
-    if p.action not in DESTRUCTIVE:
+    if not descriptor(p.action).destructive:
         return False
     inst = facts.get(str(p.params.get("instance")), {})
     return int(inst.get("tasks_running", 0)) > 0 or inst.get("status") != "running"
@@ -158,9 +163,45 @@ def resolve(props: list[Proposal]) -> tuple[list[Proposal], list[Decision], list
     return winners, lost, doubts
 
 
-def gate(p: Proposal, settings: DecideSettings) -> Decision:
-    """Step 5: act, ask or observe, with the reason in words."""
-    g = settings.gate
+def requests(props: Sequence[Proposal], facts: dict[str, dict[str, Any]]
+             ) -> tuple[list[Proposal], list[Decision], list[Doubt]]:  # fmt: skip
+    """Step 3, continued: take out what is never gated or acted on.
+
+    An answer to an escalation naming an action that is not `overridable` is void (a noop the
+    tick journals against that escalation); an `escalate` proposal becomes a `requested` doubt,
+    its summary the proposal's reason, its facts the facts it matched. Returns the rest, the
+    void answers and the requests."""
+    rest: list[Proposal] = []
+    void: list[Decision] = []
+    asked: list[Doubt] = []
+    for p in props:
+        if p.escalation_id is not None and not descriptor(p.action).overridable:
+            why = f"an answer cannot be {p.action!r}: nothing done (answer with an action)"
+            void.append(Decision(p, "noop", why))
+        elif p.action == "escalate":
+            asked.append(_requested(p, facts))
+        else:
+            rest.append(p)
+    return rest, void, asked
+
+
+def _requested(p: Proposal, facts: dict[str, dict[str, Any]]) -> Doubt:
+    bound = tuple(facts[fid] for fid in p.facts if fid in facts)
+    subject = next((subject_of(f) for f in bound), "fleet")
+    reason = str(p.params.get("reason") or "").strip() or p.reason
+    return Doubt(
+        "requested",
+        subject,
+        f"{p.proposer} asks a person to decide: {reason}",
+        bound,
+        key={"proposer": p.proposer},
+    )
+
+
+def gate(p: Proposal, settings: DecideSettings | Gate) -> Decision:
+    """Step 5: act, ask or observe, with the reason in words. The one gate: rules' proposals
+    (with the decide settings) and the LLM's answers (with the router's Gate) pass it alike."""
+    g = settings.gate if isinstance(settings, DecideSettings) else settings
     if p.escalation_id is not None and p.proposer.startswith("human:"):
         return Decision(p, "act", f"approved by {p.proposer[6:]} (escalation #{p.escalation_id})")
     if p.escalation_id is not None and p.proposer.startswith("llm:"):
@@ -182,10 +223,11 @@ def gate(p: Proposal, settings: DecideSettings) -> Decision:
     mode = g.actions.get(cast(ActionName, p.action), g.mode)
     if mode == "propose":
         return Decision(p, "ask", f"autonomy for {p.action!r} is propose: a human approves")
+    how = "matched" if p.proposer.startswith("rule:") else "proposes it"
     return Decision(
         p,
         "act",
-        f"{p.proposer} matched with confidence {p.confidence:.2f} "
+        f"{p.proposer} {how} with confidence {p.confidence:.2f} "
         f"≥ {g.confidence_threshold:.2f} and {p.action!r} is on act",
     )
 
@@ -201,8 +243,10 @@ def decide(
     by_id = {str(f["id"]): f for f in facts}
     props, doubts = list(fired[0]), list(fired[1])
     doubts += unmatched(matches, by_id)
-    props = weigh(props, by_id, settings.gate) + list(extra)
+    props, void, asked = requests(weigh(props, by_id, settings.gate) + list(extra), by_id)
+    doubts += asked
     winners, decisions, conflicts = resolve(props)
+    decisions = void + decisions
     doubts += conflicts
     for p in winners:
         d = gate(p, settings)

@@ -19,7 +19,7 @@ FIELDS: dict[str, frozenset[str]] = {
             "gpu_name", "num_gpus", "dph", "tasks_running", "drained", "bench_rate",
             "daemon_uptime_s", "status_msg", "age_s", "stage_age_s", "status_for_s",
             "down_for_s", "restarts_1h", "deaths_1h", "idle_for_s", "host_blocked", "host_rate",
-            "replacing", "retiring",
+            "replacing", "retiring", "command_overdue_s",
         }
     ),
     "demand": frozenset({"id", "task", "pending", "running", "oldest_pending_s", "max_retries"}),
@@ -64,6 +64,7 @@ def _instance_fact(inst: Any, hist: History, now: float) -> dict[str, Any]:
         "host_blocked": hist.host_blocked(inst.machine_id, now),
         "replacing": inst.id in hist.replacing,
         "retiring": inst.id in hist.retiring,
+        "command_overdue_s": inst.command_overdue_s,
     }
     if inst.bench_rate is not None:
         fact["bench_rate"] = inst.bench_rate

@@ -13,13 +13,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
-from controller.core.actions import ActionName
+from controller.core.actions import ActionName, Sensor, descriptor
 from controller.core.decide import Doubt
 from controller.core.model import Decision
 from controller.core.policy import Guards
 from controller.core.track import History
 
-_SENSING_HELD = frozenset({"launch", "scale_to", "replace", "destroy", "drain", "reboot"})
+# Why an action a failed sensor holds (its descriptor's `held_on_sensing_failure`) waits.
+_HELD_WHY: dict[Sensor, str] = {
+    "provider": "the fleet listing failed or is stale: holding fleet changes",
+    "demand": "demand is unknown (sensor failed or stale): holding scaling",
+}
 
 
 @dataclass
@@ -76,6 +80,8 @@ def _launch_room(ctx: Context, b: _Budget, overridden: frozenset[str] = frozense
 
 
 _CAPS = ("max_instances", "max_spend_per_hour")  # their vetoes escalate on their own
+# the budget caps a person's answer may exceed (per action, whether an answer may name it at
+# all is the descriptor's `overridable`)
 OVERRIDABLE = ("max_instances", "max_launches_per_tick", "max_launches_per_hour",
                "max_spend_per_hour")  # fmt: skip
 
@@ -230,12 +236,12 @@ def check(decisions: Sequence[Decision], ctx: Context) -> tuple[list[Decision], 
 
 def _one(d: Decision, ctx: Context, b: _Budget, doubts: list[Doubt]) -> Decision:
     action = d.proposal.action
-    if ctx.limits.paused and action not in ("hold", "notify", "escalate"):
+    spec = descriptor(action)
+    if ctx.limits.paused and not spec.pause_exempt:
         return _veto(d, "paused", "the controller is paused: nothing is acted on")
-    if action in _SENSING_HELD and not ctx.sensor_ok("provider"):
-        return _veto(d, "sensing", "the fleet listing failed or is stale: holding fleet changes")
-    if action in ("scale_to", "destroy") and not ctx.sensor_ok("demand"):
-        return _veto(d, "sensing", "demand is unknown (sensor failed or stale): holding scaling")
+    for sensor in spec.held_on_sensing_failure:
+        if not ctx.sensor_ok(sensor):
+            return _veto(d, "sensing", _HELD_WHY[sensor])
     if action == "scale_to":
         return _scale_to(d, ctx, b, doubts)
     if action == "launch":

@@ -35,6 +35,9 @@ class Instance:
     daemon_uptime_s: float | None = None  # from cuzk /status; going backwards = restart
     status_msg: str = ""
     start_date: float | None = None
+    command_overdue_s: float = 0.0
+    """How long past its deadline a command queued for the instance's agent (a daemon restart)
+    has waited with no heartbeat picking it up; 0 when none has."""
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,11 @@ instances that vanished). The journal stores both; `facts` derives temporal fiel
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
-from controller.core.model import Instance, Observation
+from controller.core.model import Health, Instance, Observation
 
 
 class Track(NamedTuple):
@@ -33,7 +33,36 @@ class Track(NamedTuple):
     idle_since: float | None = None
     bench_rate: float | None = None
     ever_up: bool = False  # the daemon has run once: a later start is a restart
+    probe_fails: int = 0  # failed health probes in a row
+    probe_failing_since: float | None = None  # the first of them
     uptime: float | None = None  # last: changes every tick, so `t[:-1]` is all that matters
+
+
+@dataclass(frozen=True)
+class Debounce:
+    """A daemon is down only after `count` failed probes in a row spanning `after_s`; until
+    then a failed probe is a blip and the daemon stays as it was seen (up)."""
+
+    count: int = 2
+    after_s: float = 60.0
+
+
+NO_DEBOUNCE = Debounce(1, 0.0)
+
+
+def probe(
+    old: Track | None, inst: Instance, now: float, d: Debounce
+) -> tuple[Health, int, float | None]:
+    """(daemon as the controller counts it, failed probes in a row, since when)."""
+    if inst.daemon != "down":
+        return inst.daemon, 0, None
+    fails = (old.probe_fails if old is not None else 0) + 1
+    since = old.probe_failing_since if old is not None else None
+    since = now if since is None else since
+    if old is not None and old.daemon == "down" and old.probe_fails == 0:
+        return "down", fails, since  # down before counting began (an older journal)
+    persisted = fails >= d.count and now - since >= d.after_s
+    return ("down" if persisted else "up"), fails, since
 
 
 @dataclass(frozen=True)
@@ -134,7 +163,7 @@ def _step(old: Track, inst: Instance, now: float) -> tuple[Track, list[Event]]:
         events.append(Event(inst.id, now, "bench", _bench(inst)))
     track = Track(old.id, old.machine_id, old.first_seen, inst.stage, stage_since, inst.status,
                   status_since, inst.daemon, daemon_since, idle_since, inst.bench_rate,
-                  old.ever_up or inst.daemon == "up", inst.daemon_uptime_s)  # fmt: skip
+                  old.ever_up or inst.daemon == "up", uptime=inst.daemon_uptime_s)  # fmt: skip
     return track, events
 
 
@@ -154,8 +183,13 @@ def _daemon_events(old: Track, inst: Instance, now: float) -> list[Event]:
     return []
 
 
-def advance(hist: History, obs: Observation, now: float) -> tuple[dict[str, Track], list[Event]]:
+def advance(hist: History, obs: Observation, now: float, debounce: Debounce = NO_DEBOUNCE
+            ) -> tuple[dict[str, Track], list[Event]]:  # fmt: skip
     """New tracks for every listed instance, and the events since the last tick.
+
+    A failed health probe counts as the daemon down only once failures persist (`debounce`):
+    the track keeps the failures in a row and the first one's time, so a blip is no death;
+    `debounced` gives the observation as the rest of the tick sees it.
 
     When the provider sensor failed, nothing is marked gone: an unknown listing is not empty;
     nor is an instance missing from a good listing that the provider did not confirm gone.
@@ -164,7 +198,12 @@ def advance(hist: History, obs: Observation, now: float) -> tuple[dict[str, Trac
     events: list[Event] = []
     for inst in obs.instances:
         old = hist.instances.get(inst.id)
+        daemon, fails, since = probe(old, inst, now, debounce)
+        if daemon != inst.daemon:
+            inst = replace(inst, daemon=daemon)
         track, evs = _first(inst, now) if old is None else _step(old, inst, now)
+        if fails or (old is not None and old.probe_fails):
+            track = track._replace(probe_fails=fails, probe_failing_since=since)
         tracks[inst.id] = track
         events += evs
     if obs.sensor_ok("provider"):
@@ -178,3 +217,12 @@ def advance(hist: History, obs: Observation, now: float) -> tuple[dict[str, Trac
         for kept in set(hist.instances) - set(tracks):
             tracks[kept] = hist.instances[kept]
     return tracks, events
+
+
+def debounced(obs: Observation, tracks: dict[str, Track]) -> Observation:
+    """The observation with each daemon as its track counts it (a blip is not down)."""
+    changed = [replace(i, daemon=cast(Health, tracks[i.id].daemon)) if i.id in tracks
+               and tracks[i.id].daemon != i.daemon else i for i in obs.instances]  # fmt: skip
+    if all(a is b for a, b in zip(changed, obs.instances, strict=True)):
+        return obs
+    return replace(obs, instances=tuple(changed))

@@ -12,6 +12,7 @@ import secrets
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from controller.core.actions import descriptor
 from controller.core.model import Decision
 from controller.core.policy import Guards
 from controller.core.track import History
@@ -63,7 +64,7 @@ class Actuator:
         except ProviderError as exc:
             temporary = isinstance(exc, TemporaryProviderError)
             outcome = Outcome("failed", {"error": str(exc), "temporary": temporary})
-        self.journal.finish(job.action_id, job.now, outcome.status, outcome.result)
+        self.journal.actions.finish(job.action_id, job.now, outcome.status, outcome.result)
         level = logging.DEBUG if outcome.status == "ok" else logging.WARNING
         log.log(
             level,
@@ -78,21 +79,29 @@ class Actuator:
         return outcome
 
     def _run(self, job: Job) -> Outcome:
+        """Dispatch on the action's executor (its descriptor in controller.core.actions)."""
         action, params = job.decision.effective_action, job.params
-        if action == "launch":
+        executor = descriptor(action).executor
+        if executor == "launch":
             return self._launches(job, int(params["count"]))
-        if action == "replace":
+        if executor == "replace":
             return self._replace(job)
-        if action == "block_host":
+        if executor == "block_host":
             until = job.now + float(params["for"])  # validated: a day unless it says
-            self.journal.block_host(str(params["machine"]), until, str(params.get("reason", "")))
+            self.journal.fleet.block_host(
+                str(params["machine"]), until, str(params.get("reason", ""))
+            )
             return Outcome("ok", {"blocked_until": until})
-        if action in ("destroy", "reboot", "restart_daemon", "drain"):
+        if executor == "provider_call":
             getattr(self.provider, action)(str(params["instance"]))
             return Outcome("ok", {})
-        if action == "notify":
+        if executor == "notify":
             log.warning("notify: %s", params.get("message"))
-        return Outcome("ok", {})  # hold and escalate are recorded, nothing to call
+            return Outcome("ok", {})
+        if executor == "record":
+            return Outcome("ok", {})  # recorded in the journal, nothing to call
+        log.error("action #%d: %s is never carried out here", job.action_id, action)
+        return Outcome("failed", {"error": f"{action!r} is not an action the actuator carries out"})
 
     def _launches(self, job: Job, count: int) -> Outcome:
         launched: list[str] = []
@@ -111,7 +120,7 @@ class Actuator:
     def _launch_one(self, job: Job, label: str) -> tuple[bool | None, str]:
         """(True, id) rented; (False, why) refused; (None, why) unknown: looked for later."""
         p = job.decision.proposal
-        child = self.journal.record(
+        child = self.journal.actions.record(
             tick_id=job.tick_id, now=job.now, action="launch", target="fleet",
             params={"label": label}, proposer=p.proposer, reason=p.reason,
             confidence=p.confidence, verdict="act", why=f"part of action #{job.action_id}",
@@ -127,12 +136,14 @@ class Actuator:
             instance_id = self.provider.launch(request)
         except CreateOutcomeUnknown as exc:
             # it may be renting right now: never create again, find it by its label later
-            self.journal.finish(child, job.now, "unknown", {"error": str(exc), "label": label})
+            self.journal.actions.finish(
+                child, job.now, "unknown", {"error": str(exc), "label": label}
+            )
             return None, f"{label}: outcome unknown"
         except ProviderError as exc:
-            self.journal.finish(child, job.now, "failed", {"error": str(exc)})
+            self.journal.actions.finish(child, job.now, "failed", {"error": str(exc)})
             return False, f"{label}: {exc}"
-        self.journal.finish(child, job.now, "ok", {"instance": instance_id, "label": label})
+        self.journal.actions.finish(child, job.now, "ok", {"instance": instance_id, "label": label})
         return True, instance_id
 
     def _replace(self, job: Job) -> Outcome:
@@ -144,7 +155,7 @@ class Actuator:
             p = job.decision.proposal
             reason = job.params.get("reason") or p.reason
             until = job.now + job.hist.block_s(str(machine))
-            self.journal.block_host(str(machine), until, f"{p.proposer}: {reason}")
+            self.journal.fleet.block_host(str(machine), until, f"{p.proposer}: {reason}")
             job = replace(
                 job, hist=replace(job.hist, host_blocks={**job.hist.host_blocks, machine: until})
             )
@@ -154,7 +165,7 @@ class Actuator:
         if ok is False:
             return Outcome("failed", {**result, "error": detail})
         deadline = job.now + self.limits.replace_deadline_s
-        self.journal.add_replacement(old, label, job.now, deadline, job.action_id)
+        self.journal.actions.add_replacement(old, label, job.now, deadline, job.action_id)
         return Outcome("ok", {**result, "replacement": detail, "label": label})
 
 

@@ -24,8 +24,9 @@ from urllib.parse import quote
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from controller.core.fields import Secret
 from controller.core.model import Demand
 from controller.fleet.base import SensorError, StaleReading
 
@@ -39,7 +40,7 @@ class CurioSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    dsn: SecretStr = Field(description="libpq connection string or URI; resolved by the config")
+    dsn: Secret = Field(description="libpq connection string or URI (a secret)")
     schema_name: str = Field(
         "curio", min_length=1, max_length=63, description="the schema holding harmony_*"
     )

@@ -24,11 +24,37 @@ from typing import Any, TypeVar
 
 import requests
 import urllib3.exceptions
+from pydantic import BaseModel, ConfigDict, Field
+
+from controller.core.fields import Secret
 
 STATUS_PORT = 9821  # the port cuzk's status server listens on inside the container
 MAX_STATUS_BYTES = 1 << 20
 
 K = TypeVar("K")
+
+
+class InstancesSettings(BaseModel):
+    """How fleetgate watches its instances (the config's `instances`): the token their agents
+    present, these status probes, and when a silent daemon, sidecar or agent counts as down."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    fleet_token: Secret = Field(description="the token instance agents present (a secret)")
+    health_port: int = Field(
+        STATUS_PORT, gt=0, lt=65536, description="cuzk's status port in the container"
+    )
+    health_timeout_s: float = Field(3.0, gt=0, description="per status probe")
+    health_failures_to_down: int = Field(
+        2, ge=1, description="failed status probes in a row before the daemon counts as down"
+    )
+    health_down_after_s: float = Field(
+        60.0, ge=0, description="...and spanning at least this long (a blip is not a death)"
+    )
+    sidecar_stale_s: float = Field(180.0, gt=0, description="Curio node silent this long: down")
+    command_deadline_s: float = Field(
+        300.0, gt=0, description="an agent command not picked up by then becomes a vast reboot"
+    )
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ reported (lifecycle), whether cuzk answers (health) and what Curio says of their
 - list: vast listing (a failed or implausibly empty one raises: never "zero instances"),
   lifecycle records, daemon health for instances past registration, Curio machines;
 - restart_daemon: a command queued for the instance's agent (pulled on its next heartbeat);
-  one not picked up in time becomes a vast reboot (`overdue`);
+  one not picked up in time shows as the instance's `command_overdue_s` (a shipped rule reboots
+  it through vast, and the reboot closes the command);
 - drain: Curio's `unschedulable` on the instance's node;
 - launch, destroy, reboot, find_by_label: vast.
 """
@@ -15,11 +16,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from dataclasses import dataclass, is_dataclass, replace
+from typing import Any, Protocol, cast
 
-from controller.core.model import Instance, Proposal
+from controller.core.model import Instance
 from controller.fleet.base import LaunchRequest, PermanentProviderError, SensorError
+from controller.store.records import LifecycleError
 
 log = logging.getLogger(__name__)
 
@@ -69,34 +71,6 @@ class Machine(Protocol):
 
     @property
     def stale(self) -> bool: ...
-
-
-@dataclass(frozen=True)
-class Probe:
-    """A health answer as the controller reports it (possibly the last known one)."""
-
-    up: bool
-    uptime_s: float | None
-
-
-def persisted(health: Mapping[str, Health], failures: dict[str, list[float]], now: float,
-              count: int, after_s: float) -> dict[str, Probe]:  # fmt: skip
-    """Down only after `count` failed probes in a row spanning `after_s`; until then up.
-
-    `failures` maps an instance to [first failure time, failures in a row] and is updated.
-    """
-    out: dict[str, Probe] = {}
-    for iid, h in health.items():
-        if h.up:
-            failures.pop(iid, None)
-            out[iid] = Probe(True, h.uptime_s)
-            continue
-        first, n = failures.get(iid, [now, 0])
-        failures[iid] = [first, n + 1]
-        out[iid] = Probe(not (n + 1 >= count and now - first >= after_s), None)
-    for iid in set(failures) - set(health):
-        del failures[iid]  # no longer checked (gone, or not past registration)
-    return out
 
 
 def stage_of(inst: Instance, record: Record | None) -> str:
@@ -179,9 +153,6 @@ class RealFleet:
         clock: Callable[[], float],
         sidecar_stale_s: float = 180.0,
         command_deadline_s: float = 300.0,
-        failures_to_down: int = 2,
-        down_after_s: float = 60.0,
-        failures: dict[str, list[float]] | None = None,
         launched: Callable[[], Mapping[str, str]] = dict,
         label_prefix: str = "fg-",
     ) -> None:
@@ -192,13 +163,11 @@ class RealFleet:
         self.clock = clock
         self.sidecar_stale_s = sidecar_stale_s
         self.command_deadline_s = command_deadline_s
-        self.failures_to_down = failures_to_down
-        self.down_after_s = down_after_s
-        self.failures = {} if failures is None else failures  # kept by the caller across runs
         self.launched = launched  # instance id -> launch label, of every launch that rented
         self.label_prefix = label_prefix
         self.foreign: list[Instance] = []
         self._last: dict[str, Instance] = {}
+        self.learned: dict[str, tuple[str, str, str | None]] = {}  # label -> link to write
 
     def list_instances(self) -> list[Instance]:
         listed = self.vast.list_instances()  # it knows when an empty listing is implausible
@@ -213,11 +182,25 @@ class RealFleet:
         past_registration = [i for i in own
                              if stage_of(i, links[i.id].record)
                              in ("bench", "running")]  # fmt: skip
-        health = persisted(self.check_health(past_registration), self.failures, self.clock(),
-                           self.failures_to_down, self.down_after_s)  # fmt: skip
-        fleet = enrich(own, links, health, self.sidecar_stale_s)
+        health = self.check_health(past_registration)  # as probed: the tick debounces it
+        fleet = self._overdue(enrich(own, links, health, self.sidecar_stale_s), links)
         self._last = {i.id: i for i in fleet}
         return fleet
+
+    def _overdue(self, fleet: list[Instance], links: Mapping[str, Link]) -> list[Instance]:
+        """Each instance's oldest agent command past its deadline, as `command_overdue_s`."""
+        now = self.clock()
+        late: dict[str, float] = {}
+        for cmd in self.lifecycle.overdue_commands(now):
+            late[cmd.label] = max(late.get(cmd.label, 0.0), max(now - cmd.deadline, 1e-3))
+        if not late:
+            return fleet
+        out = []
+        for inst in fleet:
+            record = links[inst.id].record
+            overdue = late.get(record.label, 0.0) if record is not None else 0.0
+            out.append(replace(inst, command_overdue_s=round(overdue, 3)) if overdue else inst)
+        return out
 
     def split(self, listed: Sequence[Instance], launched: Mapping[str, str] | None = None
               ) -> tuple[list[Instance], list[Instance]]:  # fmt: skip
@@ -263,18 +246,35 @@ class RealFleet:
         return ip.strip() if isinstance(ip, str) else ""
 
     def _remember(self, record: Record, inst: Instance, node: Machine | None) -> Record:
-        """Store the vast id, machine and verified Curio node of a record when they changed."""
+        """The record with the vast id, machine and verified Curio node learned this tick.
+
+        Nothing is written while sensing: what changed waits in `learned` until the tick
+        applies its plan (`save_learned`), so `explain` reads and never writes."""
         hp = node.host_and_port if node is not None else None
         if (getattr(record, "vast_id", None) == inst.id
                 and getattr(record, "machine_id", None) == inst.machine_id
                 and (hp is None or record.host_and_port == hp)):  # fmt: skip
             return record
-        self.lifecycle.link(record.label, vast_id=inst.id, machine_id=inst.machine_id,
-                            host_and_port=hp)  # fmt: skip
-        log.info("instance %s: linked to agent record %r (Curio node %s)", inst.id, record.label,
-                 hp or record.host_and_port or "unknown")  # fmt: skip
-        fresh: Record | None = self.lifecycle.record(record.label)
-        return fresh if fresh is not None else record
+        self.learned[record.label] = (inst.id, inst.machine_id, hp)
+        changes = {"vast_id": inst.id, "machine_id": inst.machine_id}
+        if hp is not None:
+            changes["host_and_port"] = hp
+        if is_dataclass(record) and not isinstance(record, type):
+            return cast(Record, replace(record, **changes))
+        return record
+
+    def save_learned(self) -> None:
+        """Write the links learned while sensing (after the tick's plan was applied)."""
+        learned, self.learned = self.learned, {}
+        for label, (vast_id, machine_id, hp) in learned.items():
+            try:
+                self.lifecycle.link(label, vast_id=vast_id, machine_id=machine_id,
+                                    host_and_port=hp)  # fmt: skip
+            except LifecycleError as exc:  # the agent's record went meanwhile
+                log.info("instance %s: agent record %r not linked: %s", vast_id, label, exc)
+                continue
+            log.info("instance %s: linked to agent record %r (Curio node %s)", vast_id, label,
+                     hp or "unknown")  # fmt: skip
 
     def launch(self, request: LaunchRequest) -> str:
         return str(self.vast.launch(request))
@@ -287,7 +287,16 @@ class RealFleet:
         self.vast.destroy(instance_id)
 
     def reboot(self, instance_id: str) -> None:
+        """Reboot through vast; the agent's commands nobody picked up are closed with it."""
         self.vast.reboot(instance_id)
+        record = self.lifecycle.resolve(instance_id)
+        if record is None:
+            return
+        now = self.clock()
+        for cmd in self.lifecycle.overdue_commands(now):
+            if cmd.label == record.label:
+                result = {"ok": False, "detail": "not picked up in time: the instance rebooted"}
+                self.lifecycle.complete(cmd.id, result, now)
 
     def restart_daemon(self, instance_id: str) -> None:
         """Queue it for the agent; without a registered agent, reboot through vast at once."""
@@ -313,16 +322,3 @@ class RealFleet:
         record = self.lifecycle.resolve(instance_id)
         if record is not None:
             self.lifecycle.forget(record.label)
-
-    def overdue(self, now: float) -> list[Proposal]:
-        """Restart commands the agent did not pick up in time: reboot through vast instead."""
-        out = []
-        for cmd in self.lifecycle.overdue_commands(now):
-            record = self.lifecycle.resolve(cmd.label)
-            target = getattr(record, "vast_id", None) if record else None
-            self.lifecycle.complete(cmd.id, {"ok": False, "detail": "not picked up in time"}, now)
-            if target:
-                out.append(Proposal("reboot", {"instance": str(target)}, "controller:agent",
-                                    f"its agent did not pick up {cmd.command} within "
-                                    f"{self.command_deadline_s:.0f}s", 1.0, 50))  # fmt: skip
-        return out

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from controller.core.matches import ABNORMAL, RULE
 
 if TYPE_CHECKING:
-    from controller.rules.rulebook import Rule
+    from controller.rules.model import Rule
 
 SINK = "sink"
 TICK = "tick"

@@ -11,6 +11,9 @@ instead carry that escalation's own capability (`answer_capability(token, id)`, 
 message buttons (ntfy) hold, so the API token itself is never put in a message. An answer is
 the same as `fleetgate escalations approve|deny`: it is validated, journaled, and the action
 runs through the guards on the next tick. Served by uvicorn in a background thread.
+
+`create_app` includes the routers it is given (the instance API), then `status_router`
+(health, status) and `escalations_router`, both behind the checks of `Auth`.
 """
 
 from __future__ import annotations
@@ -56,75 +59,112 @@ def create_app(
     app = FastAPI(title="fleetgate", docs_url=None, redoc_url=None, openapi_url=None)
     for router in routers:
         app.include_router(router)
-    expected = token.get_secret_value().encode()
+    auth = Auth(token)
+    app.include_router(status_router(journal, auth, status))
+    app.include_router(escalations_router(journal, auth, clock, on_answer))
+    return app
 
-    def _bearer(authorization: str) -> bytes:
-        scheme, _, given = authorization.partition(" ")
-        return given.encode() if scheme.lower() == "bearer" else b""
 
-    def _deny() -> HTTPException:
-        return HTTPException(401, "a valid bearer token is required",
-                             headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+class Auth:
+    """The two bearer checks, as FastAPI dependencies (the token compared in constant time)."""
 
-    def authorized(authorization: str = Header(default="")) -> None:
-        if not hmac.compare_digest(_bearer(authorization), expected):
+    def __init__(self, token: SecretStr) -> None:
+        self._token = token
+        self._expected = token.get_secret_value().encode()
+
+    def authorized(self, authorization: str = Header(default="")) -> None:
+        """The API token itself."""
+        if not hmac.compare_digest(_bearer(authorization), self._expected):
             raise _deny()
 
-    def may_answer(esc_id: int, authorization: str = Header(default="")) -> None:
+    def may_answer(self, esc_id: int, authorization: str = Header(default="")) -> None:
+        """The API token, or escalation `esc_id`'s own answer capability."""
         given = _bearer(authorization)
-        capability = answer_capability(token, esc_id).encode()
-        if not (hmac.compare_digest(given, expected) or hmac.compare_digest(given, capability)):
+        capability = answer_capability(self._token, esc_id).encode()
+        if not (
+            hmac.compare_digest(given, self._expected) or hmac.compare_digest(given, capability)
+        ):
             raise _deny()
 
-    @app.get("/healthz")
+
+def _bearer(authorization: str) -> bytes:
+    scheme, _, given = authorization.partition(" ")
+    return given.encode() if scheme.lower() == "bearer" else b""
+
+
+def _deny() -> HTTPException:
+    return HTTPException(401, "a valid bearer token is required",
+                         headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+
+
+def status_router(
+    journal: Journal, auth: Auth, status: Callable[[], dict[str, Any]] | None
+) -> APIRouter:
+    """`GET /healthz` (no token) and `GET /v1/status` (`status()`, else the last tick)."""
+    router = APIRouter()
+
+    @router.get("/healthz")
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/v1/status", dependencies=[Depends(authorized)])
+    @router.get("/v1/status", dependencies=[Depends(auth.authorized)])
     def get_status() -> dict[str, Any]:
         if status is not None:
             return status()
-        ticks = journal.ticks(1)
+        ticks = journal.meta.ticks(1)
         return {"last_tick": ticks[0] if ticks else None}
 
-    @app.get("/v1/escalations", dependencies=[Depends(authorized)])
-    def list_escalations(status: str | None = None) -> list[dict[str, Any]]:
-        return journal.escalations(status=status)
+    return router
 
-    @app.get("/v1/escalations/{esc_id}", dependencies=[Depends(authorized)])
+
+def escalations_router(
+    journal: Journal, auth: Auth, clock: Callable[[], float], on_answer: Callable[[int], None]
+) -> APIRouter:
+    """List and show escalations (the API token); answer one (the token or its capability)."""
+    router = APIRouter()
+
+    @router.get("/v1/escalations", dependencies=[Depends(auth.authorized)])
+    def list_escalations(status: str | None = None) -> list[dict[str, Any]]:
+        return journal.escalations.recent(status=status)
+
+    @router.get("/v1/escalations/{esc_id}", dependencies=[Depends(auth.authorized)])
     def show(esc_id: int) -> dict[str, Any]:
-        esc = journal.escalation(esc_id)
+        esc = journal.escalations.escalation(esc_id)
         if esc is None:
             raise HTTPException(404, f"no escalation #{esc_id}")
         return esc
 
-    @app.post("/v1/escalations/{esc_id}/answer", dependencies=[Depends(may_answer)])
+    @router.post("/v1/escalations/{esc_id}/answer", dependencies=[Depends(auth.may_answer)])
     def answer(esc_id: int, body: Answer) -> dict[str, Any]:
-        if journal.escalation(esc_id) is None:
+        if journal.escalations.escalation(esc_id) is None:
             raise HTTPException(404, f"no escalation #{esc_id}")
-        try:
-            if body.decision == "deny":
-                approvals.deny(journal, esc_id, by=body.by, now=clock())
-                result: dict[str, Any] = {"status": "denied"}
-            else:
-                chosen = approvals.approve(
-                    journal,
-                    esc_id,
-                    by=body.by,
-                    now=clock(),
-                    action=body.action,
-                    params=body.params,
-                    override=body.override,
-                )
-                result = {"status": "approved", "answer": chosen}
-        except approvals.ApprovalError as exc:
-            code = 409 if "not pending" in str(exc) or "meanwhile" in str(exc) else 422
-            raise HTTPException(code, str(exc)) from exc
+        result = _record_answer(journal, esc_id, body, clock())
         log.info("escalation #%d %s over HTTP by %s", esc_id, result["status"], body.by)
         on_answer(esc_id)
         return result
 
-    return app
+    return router
+
+
+def _record_answer(journal: Journal, esc_id: int, body: Answer, now: float) -> dict[str, Any]:
+    """Deny or approve escalation `esc_id` as `body` says; 409 or 422 when it cannot be."""
+    try:
+        if body.decision == "deny":
+            approvals.deny(journal, esc_id, by=body.by, now=now)
+            return {"status": "denied"}
+        chosen = approvals.approve(
+            journal,
+            esc_id,
+            by=body.by,
+            now=now,
+            action=body.action,
+            params=body.params,
+            override=body.override,
+        )
+        return {"status": "approved", "answer": chosen}
+    except approvals.ApprovalError as exc:
+        code = 409 if "not pending" in str(exc) or "meanwhile" in str(exc) else 422
+        raise HTTPException(code, str(exc)) from exc
 
 
 class Server:

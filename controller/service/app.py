@@ -1,4 +1,5 @@
-"""Assemble a controller from the config: journal, provider, demand, rules, escalation.
+"""A controller assembled from the config (`controller.service.assemble`), and what the commands
+read from it: the HTTP API it serves, its status.
 
 The embedded default (no config) is the built-in simulator on virtual time and SQLite in the
 state directory. The simulator's world is saved in the journal after every tick, so consecutive
@@ -8,29 +9,26 @@ state directory. The simulator's world is saved in the journal after every tick,
 from __future__ import annotations
 
 import logging
-import shlex
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from controller.core.policy import DecideSettings
-from controller.rules.source import RulesSource
-from controller.service import wiring
-from controller.service.config import Config, rules_paths
+from controller.service.config import Config
 from controller.service.tick import Controller
-from controller.sim import SimConfig, Simulation
+from controller.sim import Simulation
 from controller.store import lease
 from controller.store.journal import Journal
-from escalation.notify import Notifier
-from escalation.render import Renderer
-from escalation.router import Escalator
+from controller.store.records import LifecycleStore
+from escalation.outbox import Background, Outbox, step
+
+if TYPE_CHECKING:
+    from controller.service.api import Server
+    from controller.sim.wire import SimWire
 
 log = logging.getLogger(__name__)
-
-SIM_KEY = "sim.state"
-AGENTS_KEY = "sim.agents"
 
 
 @dataclass
@@ -39,32 +37,58 @@ class App:
     state: Path
     journal: Journal
     controller: Controller
-    sim: Simulation | None
-    lifecycle: Any = None  # the instance records
-    wire: Any = None  # the simulator's wire (provider sim): its seams count their calls
+    sim: Simulation | None = None
+    lifecycle: LifecycleStore | None = None  # the instance records
+    wire: SimWire | None = None  # the simulator's wire (provider sim): its seams count calls
+    dry: bool = False  # assembled for `check`: the journal is an empty one in memory
+    closers: list[Callable[[], None]] = field(default_factory=list)  # the HTTP sessions it owns
 
     def close(self) -> None:
-        self.journal.close()
+        try:
+            for close in self.closers:
+                close()
+        finally:
+            self.journal.close()
 
-    def serve_api(self) -> Any | None:
-        """Start the HTTP API when the config names one; returns the server (stop() it)."""
-        if self.config.api is None:
+    @cached_property
+    def outbox(self) -> Outbox:
+        """The worker of the escalation outbox (escalation/outbox.py), with the config's tries."""
+        esc = self.config.escalation
+        return Outbox(self.controller.escalator, attempts=esc.outbox_attempts,
+                      backoff_s=esc.outbox_backoff_s)  # fmt: skip
+
+    def outbox_thread(self) -> Background | None:
+        """`fleetgate run`'s worker thread, woken by each write; none when the outbox is worked
+        in the tick already (the simulator: `Escalator.after_write`, set by the assembly)."""
+        if self.controller.escalator.after_write is not None:
             return None
+        worker = Background(self.outbox, self.controller.clock)
+        self.controller.escalator.after_write = worker.wake
+        return worker
+
+    def outbox_step(self) -> int:
+        """`fleetgate tick`: after the tick, the outbox for at most `escalation.outbox_step_s`."""
+        return step(self.outbox, self.controller.clock, self.config.escalation.outbox_step_s)
+
+    def serve_api(self) -> Server | None:
+        """Start the HTTP API when the config names one; returns the server (stop() it)."""
+        api = self.config.api
+        if api is None:
+            return None
+        if self.dry:
+            raise RuntimeError("a dry assembly (fleetgate check) serves nothing")
         from controller.service.api import Server, create_app
 
-        token = wiring.api_token(self.config)
-        assert token is not None
         routers = []
         if self.lifecycle is not None and self.config.instances is not None:
             from controller.fleet.instance_api import instance_router
 
-            fleet_token = wiring.secret(self.config.instances.fleet_token, "instances.fleet_token")
-            assert fleet_token is not None
-            routers.append(instance_router(self.lifecycle, fleet_token, self.controller.clock))
-        app = create_app(self.journal, token, self.controller.clock,
+            token = self.config.instances.fleet_token
+            routers.append(instance_router(self.lifecycle, token, self.controller.clock))
+        app = create_app(self.journal, api.token, self.controller.clock,
                          on_answer=self.controller.escalator.closed,
                          status=lambda: status(self), routers=routers)  # fmt: skip
-        host, _, port = self.config.api.listen.rpartition(":")
+        host, _, port = api.listen.rpartition(":")
         server = Server(app, host, int(port))
         server.start()
         log.info("HTTP API on http://%s:%d (answers: POST /v1/escalations/ID/answer)", host,
@@ -77,108 +101,12 @@ def decide_settings(config: Config) -> DecideSettings:
     return DecideSettings(gate=config.gate, guards=config.guards, values=values)
 
 
-def load_sim(journal: Journal, config: Config, seed: int | None) -> Simulation:
-    """The saved world, or a new one (from --seed, else the config's seed)."""
-    saved = journal.get(SIM_KEY)
-    if saved is not None:
-        sim = Simulation.from_json(saved)
-        if seed is not None and seed != sim.seed:
-            log.warning(
-                "this state directory continues a world of seed %d; --seed %d ignored "
-                "(use a new --state for a new world)",
-                sim.seed,
-                seed,
-            )
-        return sim
-    world = SimConfig.model_validate(config.sim.world)
-    return Simulation(world, config.sim.seed if seed is None else seed)
-
-
-def cli_prefix(config_path: str | None, state: Path) -> str:
-    parts = ["fleetgate"]
-    if config_path:
-        parts += ["--config", config_path]
-    if str(state) != ".fleetgate":
-        parts += ["--state", str(state)]
-    return " ".join(shlex.quote(p) for p in parts)
-
-
-def build(
-    config: Config,
-    state: Path,
-    *,
-    config_path: str | None = None,
-    seed: int | None = None,
-    rules: list[str] | None = None,
-    clock: Callable[[], float] = time.time,
-    seams: Any = None,
-) -> App:
-    """The controller the config describes. `clock` is the controller's (provider vast; the
-    simulator brings its own), `seams` the wire under the fleet path (default: the real one;
-    a test may hand in its own, e.g. with a fake clock and sleep for the vast client)."""
-    # urllib3 logs request paths at DEBUG, and a webhook's path is a secret: whoever embeds
-    # the controller with DEBUG logging must not leak it
-    logging.getLogger("urllib3").setLevel(max(logging.getLogger("urllib3").level, logging.WARNING))
-    journal = wiring.open_journal(config, state)
-    source = RulesSource(rules_paths(config, rules))
-    renderer = Renderer(config.escalation.templates_dir)
-    escalator = Escalator(
-        journal,
-        Notifier(wiring.channels(config, state), renderer),
-        window_s=config.escalation.dedup_window_s,
-        deadline_s=config.escalation.deadline_s,
-        cli_prefix=cli_prefix(config_path, state),
-        gate=config.gate,
-        reader=wiring.llm_client(config, journal, renderer),
-        answer_url=wiring.answer_url(config),
-    )
-
-    settings = decide_settings(config)
-    if config.provider == "vast":
-        fleet, curio, store = wiring.real_fleet(config, journal, clock, seams)
-        controller = Controller(
-            journal=journal, provider=fleet, demand=curio, rules=source, settings=settings,
-            escalator=escalator, clock=clock, sources=[fleet.overdue], on_gone=fleet.gone,
-            after_tick=lambda: journal.put(wiring.HEALTH_KEY, fleet.failures),
-        )  # fmt: skip
-        return App(config, state, journal, controller, None, store)
-    return _build_sim(config, state, journal, source, settings, escalator, seed)
-
-
-def _build_sim(config: Config, state: Path, journal: Journal, source: RulesSource,
-               settings: DecideSettings, escalator: Escalator,
-               seed: int | None) -> App:  # fmt: skip
-    """The same fleet path as provider vast, on the simulator's wire (`controller.sim.wire`)."""
-    from controller.fleet.instance_api import InstanceService
-    from controller.sim.agents import AgentSettings
-    from controller.sim.wire import SimWire
-
-    sim = load_sim(journal, config, seed)
-    agent_settings = AgentSettings.model_validate(config.sim.agents)
-    wire = SimWire(sim, agent_settings, (journal.get(AGENTS_KEY) or {}).get("agents"))
-    fleet, curio, store = wiring.real_fleet(config, journal, sim.now, wire.seams)
-    wire.attach(InstanceService(store, sim.now))
-    step = config.sim.seconds_per_tick
-
-    def save() -> None:
-        journal.put(wiring.HEALTH_KEY, fleet.failures)
-        journal.put(SIM_KEY, sim.to_json())
-        journal.put(AGENTS_KEY, wire.state())
-
-    controller = Controller(
-        journal=journal, provider=fleet, demand=curio, rules=source, settings=settings,
-        escalator=escalator, clock=sim.now, before_tick=lambda: wire.before_tick(step),
-        after_tick=save, sources=[fleet.overdue], on_gone=fleet.gone,
-    )  # fmt: skip
-    return App(config, state, journal, controller, sim, store, wire)
-
-
 def status(app: App) -> dict[str, Any]:
     """What `fleetgate status` shows: the fleet as the last tick saw it, the queue, the last
     tick, what waits on people; instances on the account that fleetgate does not manage."""
     j = app.journal
-    last = j.ticks(1)
-    tracks = list(j.history(app.controller.clock()).instances.values())
+    last = j.meta.ticks(1)
+    tracks = list(j.fleet.history(app.controller.clock()).instances.values())
     by_stage: dict[str, int] = {}
     for t in tracks:
         key = t.stage if t.status == "running" else t.status
@@ -186,7 +114,7 @@ def status(app: App) -> dict[str, Any]:
     summary = (last[0].get("summary") or {}) if last else {}
     return {
         "provider": app.config.provider,
-        "paused": bool(j.get("paused", False)) or app.config.guards.paused,
+        "paused": bool(j.meta.get("paused", False)) or app.config.guards.paused,
         "rules": app.controller.rules.book.digest,
         "last_tick": last[0] if last else None,
         "instances": len(tracks),
@@ -196,7 +124,7 @@ def status(app: App) -> dict[str, Any]:
         "demand": {
             "all": {"pending": summary.get("pending"), "running": summary.get("running_tasks")}
         },  # fmt: skip
-        "pending_escalations": len(j.escalations(status="pending")),
+        "pending_escalations": len(j.escalations.recent(status="pending")),
         "leader": lease.read(j).as_dict(),
         "sim": app.sim.stats if app.sim else None,
     }

@@ -24,13 +24,15 @@ import getpass
 import json
 import logging
 import sys
+import time
 from typing import Any
 
 from controller.core import actions as vocabulary
 from controller.rules.rulebook import RulesError
 from controller.rules.source import read_rulebook
-from controller.service import gc_tuning, wiring
-from controller.service.app import App, build, status
+from controller.service import gc_tuning
+from controller.service.app import App, status
+from controller.service.assemble import assemble, lease
 from controller.service.config import ConfigError, load_config, rules_paths, state_dir
 from controller.service.schedule import Runner
 from controller.service.secrets import Redactor
@@ -51,6 +53,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument("--log-format", default="text", choices=["text", "json"])
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_loop_commands(sub)
+    _add_escalations(sub)
+    st = sub.add_parser("status", help="fleet, queue, last tick, pending escalations")
+    st.add_argument("--json", action="store_true")
+    _add_bench(sub)
+    check_llm = sub.add_parser("llm-check", help="probe the configured LLM's tool calling")
+    check_llm.add_argument(
+        "--threshold",
+        type=float,
+        help="share of probes that must pass (default: escalation.llm.check_threshold)",
+    )
+    simulate_command.add_parser(sub)
+    sub.add_parser("pause", help="stop acting (decisions are still made and recorded)")
+    sub.add_parser("resume", help="act again")
+    return p
+
+
+def _add_loop_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """run, tick, check, explain, test-rules and actions: the loop, its rules and its journal."""
     run = sub.add_parser("run", help="tick on the configured interval until stopped")
     run.add_argument("--ticks", type=int, help="stop after N ticks")
     run.add_argument("--seed", type=int, help="simulator seed for a new state directory")
@@ -65,24 +86,19 @@ def _parser() -> argparse.ArgumentParser:
     acts.add_argument("--json", action="store_true")
     acts.add_argument("--all", action="store_true", help="also vetoed, asked, superseded ones")
     acts.add_argument("--limit", type=int, default=100)
+
+
+_ESCALATION_STATUSES = ["pending", "approved", "denied", "expired", "executed", "resolved",
+                        "void", "vetoed", "failed"]  # fmt: skip
+
+
+def _add_escalations(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """escalations list | show | approve | deny."""
     esc = sub.add_parser("escalations", help="list, show, approve or deny escalations")
     esc_sub = esc.add_subparsers(dest="esc_command", required=True, metavar="SUBCOMMAND")
     lst = esc_sub.add_parser("list")
     lst.add_argument("--json", action="store_true")
-    lst.add_argument(
-        "--status",
-        choices=[
-            "pending",
-            "approved",
-            "denied",
-            "expired",
-            "executed",
-            "resolved",
-            "void",
-            "vetoed",
-            "failed",
-        ],
-    )
+    lst.add_argument("--status", choices=_ESCALATION_STATUSES)
     show = esc_sub.add_parser("show")
     show.add_argument("id", type=int)
     show.add_argument("--json", action="store_true")
@@ -91,20 +107,26 @@ def _parser() -> argparse.ArgumentParser:
         a.add_argument("id", type=int)
         a.add_argument("--by", default=None, help="who answers (default: your user name)")
         if name == "approve":
-            a.add_argument("--action", choices=list(vocabulary.ACTIONS))
-            a.add_argument(
-                "--param",
-                action="append",
-                default=[],
-                metavar="KEY=VALUE",
-                help="action parameter (repeatable); values are JSON or text",
-            )
-            a.add_argument("--override", action="append", default=[], metavar="CAP",
-                           help="a budget cap this answer may exceed (repeatable; journaled): "
-                           "max_instances, max_launches_per_tick, max_launches_per_hour, "
-                           "max_spend_per_hour")  # fmt: skip
-    st = sub.add_parser("status", help="fleet, queue, last tick, pending escalations")
-    st.add_argument("--json", action="store_true")
+            _add_approve_options(a)
+
+
+def _add_approve_options(a: argparse.ArgumentParser) -> None:
+    a.add_argument("--action", choices=list(vocabulary.ACTIONS))
+    a.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="action parameter (repeatable); values are JSON or text",
+    )
+    a.add_argument("--override", action="append", default=[], metavar="CAP",
+                   help="a budget cap this answer may exceed (repeatable; journaled): "
+                   "max_instances, max_launches_per_tick, max_launches_per_hour, "
+                   "max_spend_per_hour")  # fmt: skip
+
+
+def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """bench sim | soak | tick."""
     bench = sub.add_parser("bench", help="measure the controller (prints numbers)")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="WHAT")
     bsim = bench_sub.add_parser("sim", help="whole ticks on the simulator")
@@ -117,7 +139,10 @@ def _parser() -> argparse.ArgumentParser:
     bsoak.add_argument("--churn", type=int, default=10, help="instances replaced per tick")
     bsoak.add_argument("--sample-every", type=int, default=10_000, help="ticks between samples")
     bsoak.add_argument("--json", action="store_true")
-    btick = bench_sub.add_parser("tick", help="one tick's phases on fleets of N instances")
+    _add_bench_tick(bench_sub.add_parser("tick", help="one tick's phases on fleets of N instances"))
+
+
+def _add_bench_tick(btick: argparse.ArgumentParser) -> None:
     btick.add_argument(
         "--instances",
         default="10,100,1000,10000",
@@ -138,16 +163,6 @@ def _parser() -> argparse.ArgumentParser:
         "records) on a simulated world; synthetic: a listing that costs nothing (default: real)",
     )
     btick.add_argument("--json", action="store_true")
-    check_llm = sub.add_parser("llm-check", help="probe the configured LLM's tool calling")
-    check_llm.add_argument(
-        "--threshold",
-        type=float,
-        help="share of probes that must pass (default: escalation.llm.check_threshold)",
-    )
-    simulate_command.add_parser(sub)
-    sub.add_parser("pause", help="stop acting (decisions are still made and recorded)")
-    sub.add_parser("resume", help="act again")
-    return p
 
 
 class _JsonFormatter(logging.Formatter):
@@ -187,9 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     gc_tuning.tune()
     try:
         return _dispatch(args)
-    except (ConfigError, RulesError) as exc:
+    except (ConfigError, RulesError) as exc:  # `check` reports them; other commands refuse to start
         print(exc, file=sys.stderr)
-        return 1
+        return 1 if args.command == "check" else 2
     except approvals.ApprovalError as exc:
         print(f"fleetgate: {exc}", file=sys.stderr)
         return 2
@@ -234,7 +249,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "test-rules":
         return commands.test_rules(args.paths or [str(p / "tests") for p in rules_paths(config)])
-    app = build(config, state, config_path=args.config, seed=getattr(args, "seed", None))
+    # explain reads and writes nothing: on an existing SQLite journal, opened read-only
+    read_only = args.command == "explain" and config.journal is None
+    read_only = read_only and (state / "journal.db").exists()
+    app = assemble(config, state=state, clock=time.time, sleep=time.sleep,
+                   config_path=args.config, seed=getattr(args, "seed", None),
+                   read_only=read_only)  # fmt: skip
     try:
         return _with_app(app, args)
     finally:
@@ -249,8 +269,9 @@ def _with_app(app: App, args: argparse.Namespace) -> int:
         api = app.serve_api()
         runner = Runner(app.controller.tick, app.config.interval_s, args.ticks,
                         on_hup=app.controller.rules.force,
-                        lease=wiring.lease(app.config, app.journal),
-                        renew_s=app.config.lease.renew_s)  # fmt: skip
+                        lease=lease(app.config, app.journal),
+                        renew_s=app.config.lease.renew_s,
+                        outbox=app.outbox_thread())  # fmt: skip
         log.info(
             "fleetgate running: %s, rules %s, every %.2fs%s",
             app.config.provider,
@@ -272,7 +293,7 @@ def _with_app(app: App, args: argparse.Namespace) -> int:
     if cmd == "explain":
         return commands.explain(app, args.json)
     if cmd == "actions":
-        rows = app.journal.actions(args.limit, executed_only=not args.all)
+        rows = app.journal.actions.recent(args.limit, executed_only=not args.all)
         if args.json:
             _emit(rows)
         else:
@@ -285,7 +306,7 @@ def _with_app(app: App, args: argparse.Namespace) -> int:
         _emit(st) if args.json else commands.print_status(st)
         return 0
     if cmd in ("pause", "resume"):
-        app.journal.put("paused", cmd == "pause")
+        app.journal.meta.put("paused", cmd == "pause")
         print(
             "paused: decisions are recorded, nothing is acted on"
             if cmd == "pause"

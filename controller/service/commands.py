@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,10 +13,10 @@ from typing import Any
 
 from controller.rules.rulebook import RulesError
 from controller.rules.ruletest import run_files
-from controller.rules.source import read_rulebook
-from controller.service import wiring
+from controller.service import llm_reader
 from controller.service.app import App
-from controller.service.config import Config, ConfigError, load_config, rules_paths
+from controller.service.assemble import assemble, lease
+from controller.service.config import Config, ConfigError, state_dir
 from controller.service.tick import Planned
 from escalation import approvals
 from escalation.render import Renderer
@@ -32,23 +33,25 @@ def _brief(d: dict[str, Any] | None) -> str:
 
 
 def check(args: argparse.Namespace, config: Config) -> int:
-    """Rules (the given paths, else the configured ones) and the config; errors as path:line."""
-    failed = False
-    if args.config:
-        try:
-            load_config(args.config)
-        except ConfigError as exc:
-            print(exc, file=sys.stderr)
-            failed = True
-    paths = [Path(p) for p in args.paths] or rules_paths(config)
+    """The controller `run` would build from the (loaded) config and the rules (the given
+    paths, else the configured ones), assembled dry: every adapter is constructed, nothing is
+    opened or written. Errors as `path:line: key: problem` (rules: `path:line: rule: ...`)."""
     try:
-        book = read_rulebook(paths)
-    except RulesError as exc:
+        app = assemble(config, state=state_dir(config, args.state), clock=time.time,
+                       sleep=time.sleep, config_path=args.config, rules=args.paths or None,
+                       dry=True)  # fmt: skip
+    except (ConfigError, RulesError) as exc:
         print(exc, file=sys.stderr)
         return 1
-    if failed:
-        return 1
-    print(f"ok: {len(book.rules)} rules in {len(book.paths)} file(s), digest {book.digest}")
+    try:
+        book, escalator = app.controller.rules.book, app.controller.escalator
+        llm = config.escalation.llm
+        print(f"ok: {len(book.rules)} rules in {len(book.paths)} file(s), digest {book.digest}; "
+              f"provider {config.provider}, demand {config.demand}, "
+              f"{len(escalator.notifier.channels)} channel(s), "
+              f"{f'LLM {llm.model!r}' if llm else 'no LLM'}")  # fmt: skip
+    finally:
+        app.close()
     return 0
 
 
@@ -90,7 +93,7 @@ def explain_doc(p: Planned) -> dict[str, Any]:
 
 
 def explain(app: App, as_json: bool) -> int:
-    planned = app.controller.plan(app.controller.clock(), write=False)
+    planned = app.controller.plan(app.controller.clock())
     doc = explain_doc(planned)
     if as_json:
         print(json.dumps(doc, indent=2, sort_keys=True, default=str))
@@ -152,7 +155,7 @@ def print_actions(rows: list[dict[str, Any]]) -> None:
 def escalations(app: App, args: argparse.Namespace, by: str) -> int:
     j, sub = app.journal, args.esc_command
     if sub == "list":
-        rows = j.escalations(status=args.status)
+        rows = j.escalations.recent(status=args.status)
         if args.json:
             print(json.dumps(rows, indent=2, sort_keys=True, default=str))
         else:
@@ -165,12 +168,13 @@ def escalations(app: App, args: argparse.Namespace, by: str) -> int:
                 print("(no escalations)")
         return 0
     if sub == "show":
-        esc = j.escalation(args.id)
+        esc = j.escalations.escalation(args.id)
         if esc is None:
             raise approvals.ApprovalError(f"no escalation #{args.id}")
-        esc["deliveries"] = j.deliveries(args.id)
-        esc["llm_calls"] = j.llm_calls(args.id)
-        esc["actions"] = j.actions_for_escalation(args.id)
+        esc["deliveries"] = j.escalations.deliveries(args.id)
+        esc["llm_calls"] = j.llm.llm_calls(args.id)
+        esc["actions"] = j.actions.actions_for_escalation(args.id)
+        esc["outbox"] = app.controller.escalator.jobs.jobs(args.id)  # what came of each job
         print(json.dumps(esc, indent=2, sort_keys=True, default=str))
         return 0
     now = app.controller.clock()
@@ -226,19 +230,22 @@ def print_status(st: dict[str, Any]) -> None:
 
 
 def tick_once(app: App) -> int:
-    """`fleetgate tick` (cron): one tick, only if no other controller leads; then let go."""
+    """`fleetgate tick` (cron): one tick, only if no other controller leads; then let go, and
+    give the escalation outbox at most `escalation.outbox_step_s` (the rest waits for the
+    next run)."""
     from controller.store.lease import read
 
-    lease = wiring.lease(app.config, app.journal)
-    if not lease.renew():
-        st = read(app.journal, lease.name)
+    claim = lease(app.config, app.journal)
+    if not claim.renew():
+        st = read(app.journal, claim.name)
         print(f"fleetgate: {st.holder} leads (token {st.token}, {st.expires_in_s:.0f} s left): "
               "not ticking", file=sys.stderr)  # fmt: skip
         return 0
     try:
         app.controller.tick()
     finally:
-        lease.release()
+        claim.release()
+    app.outbox_step()
     return 0
 
 
@@ -254,21 +261,11 @@ def llm_check(app: App, threshold: float | None) -> int:
     renderer = Renderer(app.config.escalation.templates_dir)
     from escalation.llm import MemoryUsage
 
-    client = wiring.llm_client(
-        app.config, app.journal, renderer, enforce_check=False, usage=MemoryUsage()
-    )  # the probes spend no service budget
-    assert client is not None
-    report = run_check(client)
+    client = llm_reader.llm_client(section, app.journal, renderer, clock=time.time,
+                                   sleep=time.sleep, usage=MemoryUsage())  # fmt: skip
+    report = run_check(client)  # the probes spend no service budget
     print(format_report(report))
     ok = check_passes(report, limit)
-    app.journal.put(
-        wiring.CHECK_KEY,
-        {
-            "base_url": section.base_url,
-            "model": section.model,
-            "ratio": report.ratio,
-            "at": app.controller.clock(),
-        },
-    )
+    llm_reader.record_check(app.journal, section, report.ratio, app.controller.clock())
     print(f"{'PASS' if ok else 'FAIL'}: {report.ratio:.0%} of probes passed (need {limit:.0%})")
     return 0 if ok else 1

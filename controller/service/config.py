@@ -1,6 +1,12 @@
 """The operator's config file (YAML), loaded strictly: unknown keys and bad values are errors
 that name `file:line`, the key and what was expected.
 
+Each adapter's own settings model is its section, so one set of validators decides what a
+config may say: `vast` is `VastSettings`, `curio` is `CurioSettings`, `instances` is
+`InstancesSettings`, `escalation.llm` is `LLMSettings` and each channel entry is its channel's
+settings model. Secrets are written `{env: NAME}` or `{file: PATH}` and resolved while the file
+is loaded, so a missing one is an error at its line like any other.
+
 With no config file, every default applies: the built-in simulator, SQLite in the state
 directory, the rules shipped in `rules/`, fast simulated time.
 """
@@ -8,15 +14,39 @@ directory, the rules shipped in `rules/`, fast simulated time.
 from __future__ import annotations
 
 import os
-import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from controller.core.fields import RESOLVER, Secret
 from controller.core.policy import Gate, Guards
-from controller.rules.yamlsrc import Located, LocatedList, YamlError, load
+from controller.fleet.curio import CurioSettings
+from controller.fleet.health import InstancesSettings
+from controller.fleet.vast import VastSettings
+from controller.rules.yamlsrc import Located, YamlError, load
+from controller.service.config_errors import ConfigError, describe
 from controller.service.secrets import SecretRef
+from controller.sim.agents import AgentSettings
+from controller.sim.config import SimConfig
+from escalation.channels.alertmanager import AlertmanagerSettings
+from escalation.channels.email import EmailSettings
+from escalation.channels.ntfy import NtfySettings
+from escalation.channels.pagerduty import PagerDutySettings
+from escalation.channels.slack import SlackSettings
+from escalation.channels.webhook import WebhookSettings
+from escalation.llm import LLMSettings
+
+__all__ = ["Config", "ConfigError", "load_config", "parse_config", "rules_paths", "state_dir"]
 
 
 class _Strict(BaseModel):
@@ -37,85 +67,37 @@ class SimSection(_Strict):
         "(controller.sim.agents.AgentSettings fields)",
     )
 
+    @field_validator("world")
+    @classmethod
+    def _world(cls, value: dict[str, Any]) -> dict[str, Any]:
+        SimConfig.model_validate(value)  # its errors are this field's
+        return value
 
-class LLMSection(_Strict):
-    """The LLM that reads escalated situations first (any OpenAI-compatible endpoint)."""
-
-    base_url: str = Field(description="e.g. http://127.0.0.1:8000/v1")
-    model: str
-    api_key: SecretRef | None = Field(None, description="{env: NAME} or {file: PATH}")
-    mode: Literal["tools", "json_schema"] = "tools"
-    timeout_s: float = Field(30, gt=0)
-    retries: int = Field(3, ge=0, le=10)
-    max_calls_per_hour: int = Field(20, ge=0)
-    max_tokens_per_day: int = Field(200_000, ge=0)
-    temperature: float = Field(0.0, ge=0, le=2)
-    require_check: bool = Field(
-        False, description="use the LLM only after `fleetgate llm-check` passed for this model"
-    )
-    check_threshold: float = Field(0.8, ge=0, le=1, description="share of probes to pass")
+    @field_validator("agents")
+    @classmethod
+    def _agents(cls, value: dict[str, Any]) -> dict[str, Any]:
+        AgentSettings.model_validate(value)
+        return value
 
 
-class WebhookChannelConfig(_Strict):
-    type: Literal["webhook"]
-    url: SecretRef
-
-
-class SlackChannelConfig(_Strict):
-    type: Literal["slack"]
-    webhook_url: SecretRef
-
-
-class EmailChannelConfig(_Strict):
-    type: Literal["email"]
-    host: str
-    port: int = Field(587, gt=0, lt=65536)
-    security: Literal["starttls", "tls", "none"] = "starttls"
-    username: str | None = None
-    password: SecretRef | None = None
-    sender: str
-    recipients: list[str] = Field(min_length=1)
-
-
-class NtfyChannelConfig(_Strict):
-    type: Literal["ntfy"]
-    url: str = Field(description="the ntfy server, e.g. https://ntfy.example.org")
-    topic: str
-    token: SecretRef | None = None
-    priority: int = Field(4, ge=1, le=5)
-
-
-class PagerDutyChannelConfig(_Strict):
-    type: Literal["pagerduty"]
-    routing_key: SecretRef
-    url: str = "https://events.pagerduty.com/v2/enqueue"
-    severity: Literal["critical", "error", "warning", "info"] = "warning"
-
-
-class AlertmanagerChannelConfig(_Strict):
-    type: Literal["alertmanager"]
-    url: str = Field(description="e.g. http://alertmanager:9093")
-
-
-ChannelConfig = Annotated[
-    WebhookChannelConfig | SlackChannelConfig | EmailChannelConfig | NtfyChannelConfig
-    | PagerDutyChannelConfig | AlertmanagerChannelConfig,
+ChannelSettings = Annotated[
+    WebhookSettings | SlackSettings | EmailSettings | NtfySettings | PagerDutySettings
+    | AlertmanagerSettings,
     Field(discriminator="type"),
 ]  # fmt: skip
+ChannelName = Literal["console", "file"]  # the channels that need no settings
 
-
-_CHANNELS: dict[str, type[BaseModel]] = {
-    "webhook": WebhookChannelConfig, "slack": SlackChannelConfig, "email": EmailChannelConfig,
-    "ntfy": NtfyChannelConfig, "pagerduty": PagerDutyChannelConfig,
-    "alertmanager": AlertmanagerChannelConfig,
-}  # fmt: skip
+CHANNEL_SETTINGS: dict[str, type[BaseModel]] = {
+    str(get_args(m.model_fields["type"].annotation)[0]): m
+    for m in get_args(get_args(ChannelSettings)[0])
+}  # type -> settings model, for messages and the assembly's registry check
 
 
 class ApiSection(_Strict):
     """The HTTP API (escalation answers over HTTP, ntfy buttons, status)."""
 
     listen: str = Field("127.0.0.1:8765", pattern=r"^[^:\s]+:\d{1,5}$", description="host:port")
-    token: SecretRef = Field(description="the bearer token answers must carry")
+    token: Secret = Field(description="the bearer token answers must carry")
     public_url: str | None = Field(
         None, description="how people reach the API (links in messages); default http://listen"
     )
@@ -124,90 +106,24 @@ class ApiSection(_Strict):
 class EscalationSection(_Strict):
     dedup_window_s: float = Field(3600, gt=0, description="the same situation once per window")
     deadline_s: float = Field(1800, gt=0, description="time a human has to answer")
-    channels: list[Literal["console", "file"] | ChannelConfig] = Field(
+    channels: list[ChannelName | ChannelSettings] = Field(
         default_factory=lambda: ["console", "file"]  # type: ignore[arg-type]
     )
-    llm: LLMSection | None = Field(None, description="the LLM reader; none: people only")
+    llm: LLMSettings | None = Field(None, description="the LLM reader; none: people only")
     file: str = Field("escalations.jsonl", description="JSONL channel path (relative: state dir)")
     templates_dir: str | None = Field(None, description="folder of templates overriding ours")
-
-
-class VastSection(_Strict):
-    """The vast.ai fleet (provider: vast)."""
-
-    api_key: SecretRef
-    base_url: str = "https://console.vast.ai"
-    image: str = Field(description="the container image every instance runs")
-    env: dict[str, str] = Field(default_factory=dict, description="container environment")
-    onstart: str = Field("", description="script run when the container starts")
-    disk_gb: float = Field(250, gt=0)
-    offer_type: Literal["on-demand", "bid"] = "on-demand"
-    bid_price: float | None = Field(None, gt=0, description="$/hour for bid (interruptible)")
-    timeout_s: float = Field(20, gt=0)
-    retries: int = Field(3, ge=0, le=10)
-    backoff_s: float = Field(1.0, ge=0, description="wait before the first retry, doubling")
-    min_interval_s: dict[Literal["list", "create", "destroy", "search", "other"], float] = Field(
-        default_factory=dict,
-        description="seconds between calls per endpoint (vast's limits); "
-        "defaults: list 1, create 4.5, destroy 3, search 6, other 1",
-    )
-    # the offer filter (the replaced manager's defaults)
-    min_cpu_ram_gb: float = 240
-    min_disk_gb: float = 250
-    max_dph: float = 0.90
-    min_gpu_ram_gb: float = 12.5
-    min_cpu_cores: int = 25
-    min_inet_down_mbps: float = 100
-    min_cuda: float = 13.0
-    min_reliability: float = 0.95
-    verified: bool = True
-    gpu_names: list[str] = Field(default_factory=list, description="empty: any GPU")
-    extra_filter: dict[str, Any] = Field(default_factory=dict, description="raw vast query terms")
-
-
-class CurioSection(_Strict):
-    """Curio's task queue (demand: curio)."""
-
-    dsn: SecretRef = Field(description="PostgreSQL/YugabyteDB connection string, from env or file")
-    schema_name: str = "curio"
-    tasks: dict[str, float] = Field(
-        default_factory=lambda: {
-            n: 1.0 for n in ("PoRep", "UpdateProve", "PSProve", "WdPost", "WinPost")
-        },  # fmt: skip
-        description="GPU task names and the capacity each needs",
-    )
-    statement_timeout_ms: int = Field(5000, ge=1)
-    connect_timeout_s: int = Field(5, ge=2, description="libpq rounds lower values up to 2")
-    heartbeat_stale_s: float = Field(
-        600, gt=0, description="a Curio node silent this long is stale"
-    )
-    allow_drain: bool = Field(False, description="may fleetgate mark Curio nodes unschedulable")
-
-
-class InstancesSection(_Strict):
-    """The instances' agents and health checks (provider: vast)."""
-
-    fleet_token: SecretRef = Field(description="the token instance agents present")
-    health_port: int = Field(
-        9821, gt=0, lt=65536, description="cuzk's status port in the container"
-    )
-    health_timeout_s: float = Field(3, gt=0)
-    health_failures_to_down: int = Field(
-        2, ge=1, description="failed status probes in a row before the daemon counts as down"
-    )
-    health_down_after_s: float = Field(
-        60, ge=0, description="...and spanning at least this long (a blip is not a death)"
-    )
-    sidecar_stale_s: float = Field(180, gt=0, description="Curio node silent this long: down")
-    command_deadline_s: float = Field(
-        300, gt=0, description="an agent command not picked up by then becomes a vast reboot"
-    )
+    outbox_step_s: float = Field(10, gt=0, description="`fleetgate tick`: real seconds the "
+                                 "outbox gets after the tick; the rest waits")  # fmt: skip
+    outbox_attempts: int = Field(6, ge=1, le=100, description="tries per delivery (LLM, "
+                                 "channels) before it is recorded as failed")  # fmt: skip
+    outbox_backoff_s: float = Field(30, ge=0, description="wait before a failed delivery is "
+                                    "tried again; doubled each try, at most 1 h")  # fmt: skip
 
 
 class JournalSection(_Strict):
     """The journal on PostgreSQL (or YugabyteDB) instead of SQLite in the state directory."""
 
-    dsn: SecretRef = Field(description="libpq connection string or URI, from env or file")
+    dsn: Secret = Field(description="libpq connection string or URI, from env or file")
     schema_name: str = Field("fleetgate", min_length=1, max_length=63,
                              description="the schema fleetgate's tables live in")  # fmt: skip
     connect_timeout_s: int = Field(5, ge=2, description="libpq rounds lower values up to 2")
@@ -224,9 +140,9 @@ class LeaseSection(_Strict):
     @model_validator(mode="after")
     def _timing(self) -> LeaseSection:
         if not self.margin_s + self.renew_s < self.ttl_s:
-            raise ValueError(f"lease: renew_s + margin_s ({self.renew_s} + {self.margin_s}) "
-                             f"must be below ttl_s ({self.ttl_s}), or the leader lapses "
-                             "between renewals")  # fmt: skip
+            raise ValueError(f"renew_s + margin_s ({self.renew_s} + {self.margin_s}) must be "
+                             f"below ttl_s ({self.ttl_s}), or the leader lapses between "
+                             "renewals")  # fmt: skip
         return self
 
 
@@ -238,9 +154,9 @@ class Config(_Strict):
     rules: list[str] = Field(default_factory=list, description="rules files or folders")
     provider: Literal["sim", "vast"] = "sim"
     demand: Literal["sim", "curio"] = "sim"
-    vast: VastSection | None = None
-    curio: CurioSection | None = None
-    instances: InstancesSection | None = None
+    vast: VastSettings | None = None
+    curio: CurioSettings | None = None
+    instances: InstancesSettings | None = None
     sim: SimSection = SimSection()
     gate: Gate = Gate()
     guards: Guards = Guards()
@@ -269,42 +185,21 @@ class Config(_Strict):
         return self
 
 
-class ConfigError(ValueError):
-    """The config file is invalid; the message lists `file:line: key: problem` lines."""
+def secret_resolver(environ: Mapping[str, str] | None = None) -> Callable[[object], SecretStr]:
+    """What turns a config file's `{env: NAME}` or `{file: PATH}` into the secret's value
+    (`environ` defaults to the process environment)."""
+    env = None if environ is None else dict(environ)
+
+    def resolve(value: object) -> SecretStr:
+        if isinstance(value, str):
+            raise ValueError("a secret is written as {env: NAME} or {file: PATH}, never inline")
+        return SecretRef.model_validate(value).resolve(env)
+
+    return resolve
 
 
-def _line_for(doc: Any, loc: tuple[Any, ...]) -> int:
-    line = getattr(doc, "line", 1)
-    node = doc
-    for part in loc:
-        if isinstance(node, Located) and isinstance(part, str) and part in node:
-            line = node.line_of(part)
-            node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
-            if isinstance(node, LocatedList):
-                line = node.item_lines[part]
-            node = node[part]
-            line = getattr(node, "line", line)
-        else:
-            break
-    return int(line)
-
-
-_UNION_STEP = re.compile(r"^(literal|tagged-union|function-\w+|union)\[")
-
-
-def _keys_at(loc: tuple[Any, ...]) -> list[str]:
-    """The keys the model accepts at `loc` (for 'unknown key' messages)."""
-    model: Any = Config
-    for part in loc:
-        field = getattr(model, "model_fields", {}).get(part)
-        if field is None or not isinstance(field.annotation, type):
-            return []
-        model = field.annotation
-    return sorted(getattr(model, "model_fields", {}))
-
-
-def parse_config(path: str, text: str) -> Config:
+def parse_config(path: str, text: str, environ: Mapping[str, str] | None = None) -> Config:
+    """The config in `text` (read from `path`, named in errors); secrets from `environ`."""
     try:
         doc = load(text)
     except YamlError as exc:
@@ -316,39 +211,13 @@ def parse_config(path: str, text: str) -> Config:
             f"{path}:{getattr(doc, 'line', 1)}: the config must be a mapping of settings"
         )
     try:
-        return Config.model_validate(doc)
+        return Config.model_validate(doc, context={RESOLVER: secret_resolver(environ)})
     except ValidationError as exc:
-        found: dict[tuple[int, str], list[str]] = {}
-        for err in exc.errors():
-            if err["type"] == "literal_error" and isinstance(err.get("input"), dict):
-                continue  # a mapping was meant as a channel, not as "console"/"file"
-            raw = [p for p in err["loc"] if not _UNION_STEP.match(str(p))]
-            loc = tuple(
-                p
-                for i, p in enumerate(raw)
-                if not (p in _CHANNELS and i and isinstance(raw[i - 1], int))
-            )
-            msg = err["msg"]
-            if loc and loc[-1] == "[key]":
-                loc, msg = loc[:-1], f"unknown name: {msg}"
-            if err["type"] == "extra_forbidden":
-                tag = next((p for p in raw if p in _CHANNELS), None)
-                keys = _CHANNELS[tag].model_fields if tag else _keys_at(loc[:-1])
-                msg = f"unknown key (expected one of {', '.join(sorted(keys))})"
-            choice = next((k for k in ("provider", "demand") if k in doc), None)
-            if not loc and isinstance(doc, Located) and choice:
-                loc = (choice,)  # the cross-section checks are about the choice made there
-                msg = msg.removeprefix("Value error, ")
-            key = ".".join(str(p) for p in loc) or "config"
-            found.setdefault((_line_for(doc, loc), key), []).append(msg)
-        lines = [
-            f"{path}:{line}: {key}: {'; or '.join(dict.fromkeys(msgs))}"
-            for (line, key), msgs in found.items()
-        ]
-        raise ConfigError("\n".join(lines)) from exc
+        names = get_args(ChannelName)
+        raise ConfigError(describe(path, doc, exc, Config, CHANNEL_SETTINGS, names)) from exc
 
 
-def load_config(path: str | None) -> Config:
+def load_config(path: str | None, environ: Mapping[str, str] | None = None) -> Config:
     """Read the config file, or the defaults when `path` is None."""
     if path is None:
         return Config()
@@ -358,7 +227,7 @@ def load_config(path: str | None) -> Config:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: cannot read: not UTF-8 text ({exc.reason})") from exc
-    return parse_config(path, text)
+    return parse_config(path, text, environ)
 
 
 def state_dir(config: Config, override: str | None) -> Path:

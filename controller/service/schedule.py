@@ -8,6 +8,9 @@ With a lease (controller/store/lease.py), a thread of its own renews it every `r
 runs only while this process leads; a standby polls until the leader's lease runs out (waking
 just after it expires, so failover takes at most the TTL plus a poll's jitter) and ticks at
 once when it takes over. A clean stop releases the lease so a standby need not wait.
+
+The escalation outbox (escalation/outbox.py) runs in a thread of its own beside the ticks, so
+an LLM or a mail server that hangs never delays one; it stops after the last tick.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from controller.store.backend import JournalError, StaleLeader
 from controller.store.lease import Lease, read
+from escalation.outbox import Background
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +39,14 @@ class Runner:
 
     def __init__(self, tick: Callable[[], Any], interval_s: float, max_ticks: int | None = None,
                  on_hup: Callable[[], None] | None = None, lease: Lease | None = None,
-                 renew_s: float = 5.0):  # fmt: skip
+                 renew_s: float = 5.0, outbox: Background | None = None):  # fmt: skip
         self.tick = tick
         self.on_hup = on_hup
         self.interval_s = interval_s
         self.max_ticks = max_ticks
         self.lease = lease
         self.renew_s = renew_s
+        self.outbox = outbox  # the escalation outbox's thread: started and stopped with the ticks
         self.done = 0
         self.failed = 0
         self.standby = 0  # ticks skipped while another controller leads
@@ -116,6 +121,8 @@ class Runner:
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
             signal.signal(signal.SIGHUP, self._on_hup)
+        if self.outbox is not None:
+            self.outbox.start()
         scheduler.start()
         if keeper is not None:
             keeper.start()
@@ -124,6 +131,8 @@ class Runner:
                 pass
         finally:
             scheduler.shutdown(wait=True)  # lets a tick in progress finish
+            if self.outbox is not None:
+                self.outbox.stop()  # the job in progress gets a grace, then waits for the next run
             if keeper is not None and self.lease is not None:
                 keeper.join()
                 try:

@@ -1,8 +1,8 @@
 """The simulated world behind the production fleet path: what replaces the wire, and only that.
 
-`provider: sim` runs the same code as a real fleet (`controller.service.wiring.real_fleet`: the vast
-client and provider, the Curio sensor, the health probes, the agent records and linking), with
-four seams answered by the simulator instead of the world outside:
+`provider: sim` runs the same code as a real fleet (`controller.service.fleet_path.real_fleet`:
+the vast client and provider, the Curio sensor, the health probes, the agent records and
+linking), with four seams answered by the simulator instead of the world outside:
 
     seam                              real                          simulated
     vast's HTTP API                   requests to console.vast.ai   SimVastAPI (a transport)
@@ -21,7 +21,6 @@ the composition root.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +42,9 @@ IMAGE = "fleetgate/sim-cuzk-curio:latest"
 
 @dataclass
 class Seams:
-    """What the fleet path is built on; `real()` is production's, `SimWire.seams` the sim's."""
+    """What the fleet path is built on: production's is built by the composition root
+    (`controller.service.assemble`, with its injected clock and sleep), `SimWire.seams` is the
+    simulator's."""
 
     session: requests.Session
     curio_connect: Any
@@ -51,13 +52,6 @@ class Seams:
     clock: Any  # for the vast client's pacing
     sleep: Any
     counts: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def real(cls) -> Seams:
-        from controller.fleet.curio import connect
-        from controller.fleet.health import check_many
-
-        return cls(requests.Session(), connect, check_many, time.monotonic, time.sleep)
 
 
 class SimWire:

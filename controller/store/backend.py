@@ -77,6 +77,10 @@ class Store(Protocol):
     where: str  # for messages: a path, or host/database/schema (never a password)
 
     def tx(self) -> AbstractContextManager[Tx]: ...
+    def snapshot(self) -> AbstractContextManager[Tx]:
+        """A read-only transaction: every statement in it sees the same committed state."""
+        ...
+
     def query(self, sql: str, args: Sequence[Any] = ()) -> list[Row]: ...
     def create(self, ddl: Sequence[str]) -> None: ...
     def add_column(self, table: str, column: str, decl: str) -> None: ...
@@ -138,22 +142,39 @@ class SQLiteStore:
 
     kind = "sqlite"
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
         self.path = Path(path)
         self.where = str(self.path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.read_only = read_only
         self._lock = threading.RLock()
+        if read_only:  # the file must exist; any write is an error
+            with _sqlite_errors(self.where):
+                uri = f"{self.path.resolve().as_uri()}?mode=ro"
+                self._db = sqlite3.connect(uri, uri=True, check_same_thread=False,
+                                           isolation_level=None)  # fmt: skip
+                self._db.execute("PRAGMA busy_timeout=5000")
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         with _sqlite_errors(self.where):
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA busy_timeout=5000")
 
+    def tx(self) -> AbstractContextManager[Tx]:
+        return self._transaction("BEGIN IMMEDIATE")
+
+    def snapshot(self) -> AbstractContextManager[Tx]:
+        return self._transaction("BEGIN DEFERRED")  # a WAL reader: never waits for a writer
+
     @contextmanager
-    def tx(self) -> Iterator[Tx]:
+    def _transaction(self, begin: str) -> Iterator[Tx]:
         with self._lock:
+            if self._db.in_transaction:  # inside this thread's own: a savepoint of it
+                yield from self._savepoint()
+                return
             with _sqlite_errors(self.where):
-                self._db.execute("BEGIN IMMEDIATE")
+                self._db.execute(begin)
             try:
                 yield _SQLiteTx(self._db)
             except BaseException:
@@ -161,6 +182,18 @@ class SQLiteStore:
                 raise
             with _sqlite_errors(self.where):
                 self._db.execute("COMMIT")
+
+    def _savepoint(self) -> Iterator[Tx]:
+        with _sqlite_errors(self.where):
+            self._db.execute("SAVEPOINT nested")
+        try:
+            yield _SQLiteTx(self._db)
+        except BaseException:
+            self._db.execute("ROLLBACK TO nested")
+            self._db.execute("RELEASE nested")
+            raise
+        with _sqlite_errors(self.where):
+            self._db.execute("RELEASE nested")
 
     def query(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         with self._lock, _sqlite_errors(self.where):
@@ -266,13 +299,23 @@ class PostgresStore:
         self._conn = conn
         return conn
 
+    def tx(self) -> AbstractContextManager[Tx]:
+        return self._transaction(None)
+
+    def snapshot(self) -> AbstractContextManager[Tx]:
+        return self._transaction("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+
     @contextmanager
-    def tx(self) -> Iterator[Tx]:
+    def _transaction(self, first: str | None) -> Iterator[Tx]:
         with self._lock:
             conn = self._connect()
+            outer = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
             try:
-                with conn.transaction():
-                    yield _PgTx(conn, self.where)
+                with conn.transaction():  # inside this thread's own: a savepoint of it
+                    tx = _PgTx(conn, self.where)
+                    if first is not None and not outer:
+                        tx.execute(first)
+                    yield tx
             except psycopg.Error as exc:  # raised by COMMIT itself
                 raise JournalError(f"journal ({self.where}): {type(exc).__name__}: {exc}") from exc
 

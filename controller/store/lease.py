@@ -4,9 +4,9 @@ A row in the journal's `leases` table names the holder, a fencing token and when
 expires, by the store's own clock (PostgreSQL's when shared, so controllers on different hosts
 never compare their clocks). The holder renews it well before it expires; when it stops
 renewing (it died, or lost its database), another controller takes the lease over once it has
-expired and gets the next token. While a process leads, the journal's `fence` carries its token
-and every action it records is checked against the lease in the same transaction
-(`Journal.record`): a controller whose lease was taken over, or ran out, acts on nothing.
+expired and gets the next token. While a process leads, the journal's `actions.fence` carries
+its token and every action it records is checked against the lease in the same transaction
+(`Actions.record`): a controller whose lease was taken over, or ran out, acts on nothing.
 Once it has led, the fence stays set (on the lost term) until the lease is released, so a
 tick still running when the loss is noticed is refused too.
 
@@ -24,15 +24,25 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from controller.store.actions import Fence
 from controller.store.backend import DuplicateKey
-from controller.store.journal import Fence, Journal
+
+if TYPE_CHECKING:
+    from controller.store.journal import Journal
 
 log = logging.getLogger(__name__)
 
 LEADER = "leader"
 TAKEOVER_SLACK_S = 0.25  # at most a tenth of the TTL: a standby's wake-up and transaction
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS leases (
+  name TEXT PRIMARY KEY, holder TEXT NOT NULL, token INTEGER NOT NULL, acquired_at REAL NOT NULL,
+  expires_at REAL NOT NULL
+);
+"""
 
 
 def default_holder() -> str:
@@ -82,12 +92,12 @@ class Lease:
         was = self.token
         self.token = token
         if token is not None:
-            self.journal.fence = Fence(self.name, self.holder, token)
+            self.journal.actions.fence = Fence(self.name, self.holder, token)
         elif was is not None:
             # a tick may still be under way (this thread learns of the loss first): it keeps
             # the lost term's fence, which the store refuses, never no fence, which it would
             # not check
-            self.journal.fence = Fence(self.name, self.holder, was)
+            self.journal.actions.fence = Fence(self.name, self.holder, was)
         if token is not None and was != token:
             log.warning("leading as %s (lease %r, token %d, ttl %.0f s)", self.holder,
                         self.name, token, self.ttl_s)  # fmt: skip
@@ -135,7 +145,7 @@ class Lease:
                        "token = ?", (db.clock(), self.name, self.holder, self.token))  # fmt: skip
         log.info("released the lease %r (token %d)", self.name, self.token)
         self.token = None
-        self.journal.fence = None
+        self.journal.actions.fence = None
 
 
 def read(journal: Journal, name: str = LEADER) -> LeaseState:

@@ -15,126 +15,48 @@ allowed, so an agent that lost one report can still go on; a repeated report cha
     bench       the benchmark is done (`bench_rate`, proofs/hour); Curio is starting
     running     serving proofs
 
-Tables live in the journal's database and are created here, through `Journal.tx()`. This module
-must NOT do HTTP, read the clock (every `now` is passed in) or decide anything about an instance:
-it stores what instances said, and what was asked of them.
+Tables (`controller/store/instances.py`) live in the journal's database and are created here,
+on its store. This module must NOT do HTTP, read the clock (every `now` is passed in) or decide
+anything about an instance: it stores what instances said, and what was asked of them.
 """
 
 from __future__ import annotations
 
-import json
-import re
-import unicodedata
-from dataclasses import dataclass
 from typing import Any
 
+from controller.store.aggregate import Aggregate, dumps
 from controller.store.backend import Tx
+from controller.store.instances import (
+    COMMANDS,
+    LIFECYCLE_STAGES,
+    MAX_LINE_CHARS,
+    MAX_LOG_LINES,
+    SCHEMA,
+    Command,
+    LifecycleError,
+    LogLine,
+    Record,
+    StageOrderError,
+    UnknownCommand,
+    UnknownInstance,
+    command_of,
+    sanitize,
+    vast_id_of,
+)
 from controller.store.journal import Journal
 
-LIFECYCLE_STAGES = ("registered", "params", "bench", "running")
-COMMANDS = ("restart_daemon",)
-MAX_LOG_LINES = 500  # kept per instance; older lines are dropped
-MAX_LINE_CHARS = 2000
-
-SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS instance_records (
-      label TEXT PRIMARY KEY, vast_id TEXT, machine_id TEXT, host_and_port TEXT,
-      stage TEXT NOT NULL, stage_at REAL NOT NULL, min_rate REAL, bench_rate REAL,
-      registered_at REAL NOT NULL, last_heartbeat REAL, daemon_uptime_s REAL,
-      daemon_state TEXT, agent_version TEXT)""",
-    "CREATE INDEX IF NOT EXISTS instance_records_vast ON instance_records(vast_id)",
-    "CREATE INDEX IF NOT EXISTS instance_records_hp ON instance_records(host_and_port)",
-    """CREATE TABLE IF NOT EXISTS instance_logs (
-      id INTEGER PRIMARY KEY, label TEXT NOT NULL, at REAL NOT NULL, line TEXT NOT NULL)""",
-    "CREATE INDEX IF NOT EXISTS instance_logs_label ON instance_logs(label, id)",
-    """CREATE TABLE IF NOT EXISTS instance_commands (
-      id INTEGER PRIMARY KEY, label TEXT NOT NULL, command TEXT NOT NULL,
-      created_at REAL NOT NULL, deadline REAL NOT NULL, picked_at REAL, done_at REAL,
-      result TEXT)""",
-    "CREATE INDEX IF NOT EXISTS instance_commands_label ON instance_commands(label, done_at)",
-)
+__all__ = [
+    "COMMANDS", "LIFECYCLE_STAGES", "MAX_LINE_CHARS", "MAX_LOG_LINES", "Command",
+    "LifecycleError", "LifecycleStore", "LogLine", "Record", "StageOrderError", "UnknownCommand",
+    "UnknownInstance", "sanitize", "vast_id_of",
+]  # fmt: skip
 
 
-class LifecycleError(Exception):
-    """Something an instance reported could not be stored.
-
-    LifecycleError
-    ├── UnknownInstance   no record has that label (the agent never registered)
-    ├── UnknownCommand    no command has that id (for that instance)
-    └── StageOrderError   a stage earlier than the one recorded
-    """
-
-
-class UnknownInstance(LifecycleError):
-    pass
-
-
-class UnknownCommand(LifecycleError):
-    pass
-
-
-class StageOrderError(LifecycleError):
-    pass
-
-
-@dataclass(frozen=True)
-class Record:
-    """One instance as it described itself (and as the controller linked it to vast)."""
-
-    label: str
-    vast_id: str | None
-    machine_id: str | None
-    host_and_port: str | None  # the Curio node's, as in harmony_machines
-    stage: str  # one of LIFECYCLE_STAGES
-    stage_at: float
-    min_rate: float | None  # proofs/hour the instance must bench at least
-    bench_rate: float | None
-    registered_at: float
-    last_heartbeat: float | None
-    daemon_uptime_s: float | None
-    daemon_state: str | None  # supervisord's state of the daemon (RUNNING, FATAL, ...)
-    agent_version: str | None
-
-
-@dataclass(frozen=True)
-class Command:
-    id: int
-    label: str
-    command: str
-    created_at: float
-    deadline: float
-    picked_at: float | None
-    done_at: float | None
-    result: dict[str, Any] | None  # {"ok": bool, "detail": str}
-
-
-@dataclass(frozen=True)
-class LogLine:
-    at: float
-    line: str
-
-
-_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]")
-_INVISIBLE = {"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"}
-
-
-def sanitize(line: str) -> str:
-    """One printable line: ANSI escapes and control characters removed, tabs as spaces, capped."""
-    text = _ANSI.sub("", line.rstrip("\r\n")).replace("\t", " ")
-    text = "".join(c for c in text if unicodedata.category(c) not in _INVISIBLE)
-    return text if len(text) <= MAX_LINE_CHARS else text[: MAX_LINE_CHARS - 1] + "…"
-
-
-def vast_id_of(label: str) -> str | None:
-    """The vast instance id in a container label `C.<id>`, else None."""
-    m = re.fullmatch(r"C\.(\d+)", label)
-    return m[1] if m else None
-
-
-class LifecycleStore:
+class LifecycleStore(Aggregate):
     """The instance-side records, in the journal's database. Safe to share between threads."""
 
     def __init__(self, journal: Journal) -> None:
+        super().__init__(journal.store)
         self._j = journal
         journal.store.create(SCHEMA)
 
@@ -150,7 +72,7 @@ class LifecycleStore:
     ) -> Record:
         """Create the record at stage `registered`; registering again only fills in fields."""
         vast_id = vast_id or vast_id_of(label)
-        with self._j.tx() as db:
+        with self.tx() as db:
             db.execute(
                 "INSERT INTO instance_records(label, vast_id, host_and_port, stage, stage_at, "
                 "min_rate, registered_at, agent_version) "
@@ -174,7 +96,7 @@ class LifecycleStore:
     ) -> None:
         """What the controller learned from the vast listing and Curio's tables (the agent may
         not know it, or may have said otherwise): it overrides what the agent reported."""
-        with self._j.tx() as db:
+        with self.tx() as db:
             cur = db.execute(
                 "UPDATE instance_records SET vast_id = COALESCE(?, vast_id), "
                 "machine_id = COALESCE(?, machine_id), "
@@ -190,7 +112,7 @@ class LifecycleStore:
         """Move to `stage`: forward only; the stage already recorded is a no-op."""
         if stage not in LIFECYCLE_STAGES:
             raise ValueError(f"unknown stage {stage!r} (expected one of {LIFECYCLE_STAGES})")
-        with self._j.tx() as db:
+        with self.tx() as db:
             row = db.execute("SELECT stage FROM instance_records WHERE label = ?", (label,))
             found = row.fetchone()
             if found is None:
@@ -210,11 +132,11 @@ class LifecycleStore:
         return self._require(label)
 
     def records(self) -> dict[str, Record]:
-        rows = self._j._all("SELECT * FROM instance_records ORDER BY label")
+        rows = self._all("SELECT * FROM instance_records ORDER BY label")
         return {r["label"]: Record(**r) for r in rows}
 
     def record(self, label: str) -> Record | None:
-        row = self._j._one("SELECT * FROM instance_records WHERE label = ?", (label,))
+        row = self._one("SELECT * FROM instance_records WHERE label = ?", (label,))
         return Record(**row) if row else None
 
     def resolve(self, any_id: str) -> Record | None:
@@ -227,7 +149,7 @@ class LifecycleStore:
         if exact is not None or not any_id:
             return exact
         vast_id = vast_id_of(any_id) or any_id
-        rows = self._j._all(
+        rows = self._all(
             "SELECT * FROM instance_records WHERE vast_id = ? OR label = ? OR host_and_port = ?",
             (vast_id, f"C.{vast_id}", any_id),
         )
@@ -235,7 +157,7 @@ class LifecycleStore:
 
     def forget(self, label: str) -> None:
         """Drop an instance's record, logs and commands (it is gone from vast)."""
-        with self._j.tx() as db:
+        with self.tx() as db:
             for table in ("instance_records", "instance_logs", "instance_commands"):
                 db.execute(f"DELETE FROM {table} WHERE label = ?", (label,))
 
@@ -254,7 +176,7 @@ class LifecycleStore:
         daemon_state: str | None = None,
     ) -> list[Command]:
         """Note the heartbeat; return the instance's pending commands, now marked picked."""
-        with self._j.tx() as db:
+        with self.tx() as db:
             cur = db.execute(
                 "UPDATE instance_records SET last_heartbeat = ?, daemon_uptime_s = ?, "
                 "daemon_state = ? WHERE label = ?",
@@ -271,7 +193,7 @@ class LifecycleStore:
                 "UPDATE instance_commands SET picked_at = ? WHERE id = ?",
                 [(now, c["id"]) for c in pending],
             )
-        return [_command({**c, "picked_at": now}) for c in pending]
+        return [command_of({**c, "picked_at": now}) for c in pending]
 
     def queue_command(self, label: str, command: str, now: float, deadline_s: float) -> int:
         """Queue `command` for `label`; an outstanding identical command is reused (its id)."""
@@ -279,7 +201,7 @@ class LifecycleStore:
             raise ValueError(f"unknown command {command!r} (expected one of {COMMANDS})")
         if not deadline_s > 0:
             raise ValueError(f"deadline_s must be positive, got {deadline_s!r}")
-        with self._j.tx() as db:
+        with self.tx() as db:
             _require_in(db, label)
             open_ = db.execute(
                 "SELECT id FROM instance_commands WHERE label = ? AND command = ? AND "
@@ -296,18 +218,18 @@ class LifecycleStore:
 
     def overdue_commands(self, now: float) -> list[Command]:
         """Commands no heartbeat picked up before their deadline (and nobody completed)."""
-        rows = self._j._all(
+        rows = self._all(
             "SELECT * FROM instance_commands WHERE picked_at IS NULL AND done_at IS NULL "
             "AND deadline <= ? ORDER BY id",
             (now,),
         )
-        return [_command(r) for r in rows]
+        return [command_of(r) for r in rows]
 
     def complete(
         self, command_id: int, result: dict[str, Any], now: float, label: str | None = None
     ) -> bool:
         """Store a command's result; False if it was already done. `label` checks the owner."""
-        with self._j.tx() as db:
+        with self.tx() as db:
             row = db.execute(
                 "SELECT label, done_at FROM instance_commands WHERE id = ?", (command_id,)
             ).fetchone()
@@ -317,23 +239,23 @@ class LifecycleStore:
                 return False
             db.execute(
                 "UPDATE instance_commands SET done_at = ?, result = ? WHERE id = ?",
-                (now, json.dumps(result, sort_keys=True, default=str), command_id),
+                (now, dumps(result), command_id),
             )
             return True
 
     def command(self, command_id: int) -> Command | None:
-        row = self._j._one("SELECT * FROM instance_commands WHERE id = ?", (command_id,))
-        return _command(row) if row else None
+        row = self._one("SELECT * FROM instance_commands WHERE id = ?", (command_id,))
+        return command_of(row) if row else None
 
     def commands(self, label: str) -> list[Command]:
-        rows = self._j._all("SELECT * FROM instance_commands WHERE label = ? ORDER BY id", (label,))
-        return [_command(r) for r in rows]
+        rows = self._all("SELECT * FROM instance_commands WHERE label = ? ORDER BY id", (label,))
+        return [command_of(r) for r in rows]
 
     # ---- logs ------------------------------------------------------------------------------
     def push_logs(self, label: str, lines: list[str], now: float) -> int:
         """Append sanitized lines, keeping the last MAX_LOG_LINES; returns how many were kept."""
         clean = [sanitize(line) for line in lines[-MAX_LOG_LINES:]]
-        with self._j.tx() as db:
+        with self.tx() as db:
             _require_in(db, label)
             db.executemany(
                 "INSERT INTO instance_logs(label, at, line) VALUES (?, ?, ?)",
@@ -347,7 +269,7 @@ class LifecycleStore:
         return len(clean)
 
     def logs(self, label: str, limit: int = MAX_LOG_LINES) -> list[LogLine]:
-        rows = self._j._all(
+        rows = self._all(
             "SELECT at, line FROM instance_logs WHERE label = ? ORDER BY id DESC LIMIT ?",
             (label, limit),
         )
@@ -357,8 +279,3 @@ class LifecycleStore:
 def _require_in(db: Tx, label: str) -> None:
     if db.execute("SELECT 1 FROM instance_records WHERE label = ?", (label,)).fetchone() is None:
         raise UnknownInstance(f"no instance registered as {label!r}")
-
-
-def _command(row: dict[str, Any]) -> Command:
-    result = json.loads(row["result"]) if row.get("result") else None
-    return Command(**{**row, "result": result})

@@ -20,10 +20,11 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from controller.core.fields import HttpUrl, Secret
 from escalation.channels.base import ChannelError
 from escalation.channels.http import HttpClient, rendered_object, require
 from escalation.render import iso8601
@@ -40,6 +41,33 @@ def label_value(value: Any) -> str:
     """A value fit for a label: printable, one line, whitespace collapsed, at most MAX_LABEL."""
     text = " ".join(_CONTROL.sub(" ", str(value)).split())
     return text[:MAX_LABEL] or "-"
+
+
+def check_labels(labels: Mapping[str, str]) -> None:
+    """ValueError unless `labels` may be added to ours (the settings' and the class's check)."""
+    bad = [key for key in labels if not _LABEL_NAME.match(key) or key in _OURS]
+    if bad:
+        raise ValueError(
+            f"Alertmanager labels {bad!r}: a label name is letters, digits and _, not"
+            f" starting with a digit, and not one of {_OURS}"
+        )
+
+
+class AlertmanagerSettings(BaseModel):
+    """A `{type: alertmanager}` entry of `escalation.channels`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    type: Literal["alertmanager"] = "alertmanager"
+    url: HttpUrl = Field(description="Alertmanager's base URL, e.g. http://alertmanager:9093")
+    severity: str = Field("warning", description="the alerts' severity label")
+    labels: dict[str, str] = Field(default_factory=dict, description="static labels to add")
+    headers: dict[str, Secret] = Field(default_factory=dict, description="e.g. Authorization")
+
+    @model_validator(mode="after")
+    def _usable(self) -> AlertmanagerSettings:
+        check_labels(self.labels)
+        return self
 
 
 class AlertmanagerChannel:
@@ -59,12 +87,7 @@ class AlertmanagerChannel:
         clock: Callable[[], float] = time.time,
     ) -> None:
         extra = dict(labels or {})
-        bad = [key for key in extra if not _LABEL_NAME.match(key) or key in _OURS]
-        if bad:
-            raise ValueError(
-                f"Alertmanager labels {bad!r}: a label name is letters, digits and _, not"
-                f" starting with a digit, and not one of {_OURS}"
-            )
+        check_labels(extra)
         self.name = name
         self.url = url.rstrip("/") + "/api/v2/alerts"
         self.severity = label_value(severity)

@@ -28,8 +28,9 @@ from email.mime.text import MIMEText
 from email.utils import formatdate, make_msgid
 from typing import Any, Literal
 
-from pydantic import SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from controller.core.fields import Secret
 from escalation.channels.base import ChannelError
 from escalation.channels.http import scrub
 
@@ -54,6 +55,52 @@ def split_text(text: str, esc: dict[str, Any]) -> tuple[str, str]:
     return " ".join(subject.split())[:MAX_SUBJECT], body
 
 
+def check_email(
+    security: str,
+    recipients: Sequence[str],
+    timeout_s: float,
+    retries: int,
+    backoff_s: float,
+    username: str | None,
+    password: SecretStr | None,
+) -> None:
+    """ValueError unless these make a usable email channel (the settings' and the class's check)."""
+    if security not in ("starttls", "tls", "none"):
+        raise ValueError(f"email security must be starttls, tls or none, got {security!r}")
+    if not recipients:
+        raise ValueError("email needs at least one recipient")
+    if retries < 0 or backoff_s < 0 or timeout_s <= 0:
+        raise ValueError("email timeout_s must be > 0, retries and backoff_s >= 0")
+    if (username is None) != (password is None):
+        raise ValueError("email username and password go together: give both or neither")
+
+
+class EmailSettings(BaseModel):
+    """A `{type: email}` entry of `escalation.channels`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    type: Literal["email"] = "email"
+    host: str = Field(min_length=1, description="the SMTP server")
+    port: int = Field(587, gt=0, lt=65536, description="587 for starttls, 465 for tls")
+    security: Security = "starttls"
+    username: str | None = None
+    password: Secret | None = None
+    sender: str = Field(min_length=1)
+    recipients: list[str]
+    timeout_s: float = Field(10.0, description="per connection and reply")
+    retries: int = Field(2, description="transactions after the first, on transient failures")
+    backoff_s: float = Field(1.0, description="wait before the first retry, doubling")
+
+    @model_validator(mode="after")
+    def _usable(self) -> EmailSettings:
+        check_email(
+            self.security, self.recipients, self.timeout_s, self.retries, self.backoff_s,
+            self.username, self.password,
+        )  # fmt: skip
+        return self
+
+
 class EmailChannel:
     """Sends each escalation from `sender` to `recipients` through the SMTP server host:port."""
 
@@ -76,14 +123,7 @@ class EmailChannel:
         name: str = "email",
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        if security not in ("starttls", "tls", "none"):
-            raise ValueError(f"email security must be starttls, tls or none, got {security!r}")
-        if not recipients:
-            raise ValueError("email needs at least one recipient")
-        if retries < 0 or backoff_s < 0 or timeout_s <= 0:
-            raise ValueError("email timeout_s must be > 0, retries and backoff_s >= 0")
-        if (username is None) != (password is None):
-            raise ValueError("email username and password go together: give both or neither")
+        check_email(security, recipients, timeout_s, retries, backoff_s, username, password)
         self.name = name
         self.host, self.port, self.security = host, port, security
         self.username, self._password = username, password

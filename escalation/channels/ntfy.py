@@ -18,10 +18,11 @@ Must NOT retry beyond escalation.channels.http.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from controller.core.fields import HttpUrl, Secret
 from escalation.capabilities import answer_capability
 from escalation.channels.http import HttpClient, rendered_object, require
 
@@ -36,6 +37,31 @@ def cap_bytes(text: str, limit: int) -> str:
         return text
     room = limit - len(_CUT.encode("utf-8"))
     return data[:room].decode("utf-8", errors="ignore") + _CUT
+
+
+def check_ntfy(topic: str, priority: int) -> None:
+    """ValueError unless `topic` and `priority` are usable (the settings' and the class's check)."""
+    if not 1 <= priority <= 5:
+        raise ValueError(f"ntfy priority must be 1 (min) to 5 (max), got {priority!r}")
+    if not topic:
+        raise ValueError("ntfy topic must not be empty")
+
+
+class NtfySettings(BaseModel):
+    """A `{type: ntfy}` entry of `escalation.channels`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    type: Literal["ntfy"] = "ntfy"
+    url: HttpUrl = Field(description="the ntfy server, e.g. https://ntfy.example.org")
+    topic: str = Field(description="give it access control: its subscribers can answer")
+    token: Secret | None = Field(None, description="ntfy access token")
+    priority: int = Field(4, description="1 (min) to 5 (max)")
+
+    @model_validator(mode="after")
+    def _usable(self) -> NtfySettings:
+        check_ntfy(self.topic, self.priority)
+        return self
 
 
 class NtfyChannel:
@@ -54,10 +80,7 @@ class NtfyChannel:
         name: str = "ntfy",
         http: HttpClient | None = None,
     ) -> None:
-        if not 1 <= priority <= 5:
-            raise ValueError(f"ntfy priority must be 1 (min) to 5 (max), got {priority!r}")
-        if not topic:
-            raise ValueError("ntfy topic must not be empty")
+        check_ntfy(topic, priority)
         self.name = name
         self.url = url
         self._topic = topic

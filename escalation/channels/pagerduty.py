@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from controller.core.fields import HttpUrl, Secret
 from escalation.channels.base import ChannelError
 from escalation.channels.http import HttpClient, rendered_object, require
 
@@ -35,6 +36,17 @@ def dedup_key(esc: dict[str, Any]) -> str:
     if esc.get("id") is None or not esc.get("fingerprint"):
         raise ChannelError(f"escalation {esc.get('id')!r} lacks an id or a fingerprint")
     return f"fleetgate-{esc['id']}-{esc['fingerprint']}"
+
+
+class PagerDutySettings(BaseModel):
+    """A `{type: pagerduty}` entry of `escalation.channels`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    type: Literal["pagerduty"] = "pagerduty"
+    routing_key: Secret = Field(description="the Events API v2 integration key")
+    url: HttpUrl = EVENTS_URL
+    severity: Severity = "warning"
 
 
 class PagerDutyChannel:

@@ -12,11 +12,21 @@ https://hooks.slack.com/…. Must NOT build blocks in code; layout belongs to th
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from controller.core.fields import SecretHttpUrl
 from escalation.channels.http import HttpClient, rendered_object, require
+
+
+class SlackSettings(BaseModel):
+    """A `{type: slack}` entry of `escalation.channels`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    type: Literal["slack"] = "slack"
+    webhook_url: SecretHttpUrl = Field(description="the incoming webhook's URL (a secret)")
 
 
 class SlackChannel:

@@ -13,11 +13,24 @@ never appear in a repr, a log line or an error. Must NOT retry beyond escalation
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from controller.core.fields import Secret, SecretHttpUrl
 from escalation.channels.http import HttpClient, rendered_object
+
+
+class WebhookSettings(BaseModel):
+    """A `{type: webhook}` entry of `escalation.channels`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    type: Literal["webhook"] = "webhook"
+    url: SecretHttpUrl = Field(description="where to POST (a secret: often its own credential)")
+    headers: dict[str, Secret] = Field(
+        default_factory=dict, description="extra request headers, e.g. Authorization (secrets)"
+    )
 
 
 class WebhookChannel:

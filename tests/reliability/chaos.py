@@ -22,6 +22,7 @@ import re
 import shutil
 import sqlite3
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -237,7 +238,7 @@ def provider_faults(n_faults: int, seed: int) -> dict[str, Any]:
                           min_interval_s={k: 0 for k in ("list", "create", "destroy", "search",
                                                          "other")})  # fmt: skip
         journal = Journal(Path(tmp) / "j.db")
-        vast = VastProvider(VastClient(vs), vs, expect_nonempty=journal.has_tracks)
+        vast = VastProvider(VastClient(vs), vs, expect_nonempty=journal.fleet.has_tracks)
         fleet = ChaosFleet(vast, fake, world)
         clock = [1_700_000_000.0]
         esc = Escalator(journal, Notifier([], Renderer()), window_s=3600, deadline_s=1800)
@@ -281,7 +282,7 @@ def provider_faults(n_faults: int, seed: int) -> dict[str, Any]:
         details += [f"label {k!r} created {v} times" for k, v in dups.items()]
         with fake.lock:
             left = sum(len(q) for q in fake._faults.values())
-        rows = journal.actions(100_000, executed_only=False)
+        rows = journal.actions.recent(100_000, executed_only=False)
         stats.update(
             faults_injected=n_faults - left,
             creates=sum(fake.creates_by_label.values()),
@@ -301,7 +302,9 @@ def provider_faults(n_faults: int, seed: int) -> dict[str, Any]:
                 if r["action"] == "launch" and (r["result"] or {}).get("confirmed_late")
             ),
             sensing_escalations=sum(
-                1 for e in journal.escalations(limit=100_000) if e["kind"] == "sensing_failure"
+                1
+                for e in journal.escalations.recent(limit=100_000)
+                if e["kind"] == "sensing_failure"
             ),
             ticks_over_target=over,
             server_errors=len(fake.errors),
@@ -464,7 +467,7 @@ def adversarial_llm(n: int, seed: int) -> dict[str, Any]:
     from fakes.openai_server import FakeOpenAI
 
     from controller.core.decide import Doubt
-    from controller.service.app import build
+    from controller.service.assemble import assemble
     from controller.service.config import parse_config
 
     rng = random.Random(seed)
@@ -489,7 +492,8 @@ def adversarial_llm(n: int, seed: int) -> dict[str, Any]:
                 "  deadline_s: 864000\n"
                 f"guards: {{{guards}}}\n"
             ))  # fmt: skip
-            app = build(cfg, Path(tmp) / "state", seed=seed)
+            app = assemble(cfg, state=Path(tmp) / "state", clock=time.time, sleep=time.sleep,
+                           seed=seed)  # fmt: skip
             c, j = app.controller, app.journal
             planned = None
             for _ in range(30):  # a fleet to act on
@@ -510,7 +514,7 @@ def adversarial_llm(n: int, seed: int) -> dict[str, Any]:
                 [esc_id] = c.escalator.raise_all([doubt], facts.get("fleet", {}),
                                                  c._budget(facts.get("fleet", {}), planned),
                                                  now, targets)  # fmt: skip
-                [call] = j.llm_calls(esc_id)
+                [call] = j.llm.llm_calls(esc_id)
                 stats["llm_calls"] += 1
                 acted = call["routed"] == "act"
                 stats["acted" if acted else "to_people"] += 1
@@ -522,8 +526,8 @@ def adversarial_llm(n: int, seed: int) -> dict[str, Any]:
                 after = WorldView(app.sim).list_instances()
                 rows = [
                     r
-                    for r in j.actions(100_000, executed_only=False)
-                    if r["tick_id"] == j.ticks(1)[0]["id"] and r["parent_id"] is None
+                    for r in j.actions.recent(100_000, executed_only=False)
+                    if r["tick_id"] == j.meta.ticks(1)[0]["id"] and r["parent_id"] is None
                 ]
                 launched = sum(
                     int(r["params"].get("count", 1))
@@ -603,7 +607,7 @@ def secrets_scan(ticks: int = 40) -> dict[str, Any]:
     from fakes.openai_server import FakeOpenAI
     from fakes.receiver import Receiver
 
-    from controller.service.app import build
+    from controller.service.assemble import assemble
     from controller.service.config import parse_config
     from controller.service.secrets import Redactor
 
@@ -640,7 +644,7 @@ api: {{listen: '127.0.0.1:1', token: {{env: FG_CHAOS_API_TOKEN}}}}
             root.setLevel(logging.DEBUG)
             urllib3.setLevel(logging.WARNING)  # the CLI's setting: urllib3 logs request URLs
             with contextlib.redirect_stdout(out):
-                app = build(cfg, state, seed=7)
+                app = assemble(cfg, state=state, clock=time.time, sleep=time.sleep, seed=7)
                 for _ in range(ticks):
                     app.controller.tick()
             dump = "\n".join(sqlite3.connect(state / "journal.db").iterdump())

@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from controller.rules.fire import proposals_from
 from controller.rules.rulebook import Rulebook, RulesError, load_texts
 from controller.rules.ruletest import DEFAULTS
 from controller.rules.source import Reload, RulesSource, read_rulebook
-from controller.service.app import build
+from controller.service.assemble import assemble
 from controller.service.config import Config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,20 +157,22 @@ def test_memory_and_recursion_errors_in_evaluation_are_rule_errors(
 
 RUNNING = """
 import shutil
+import time
 from pathlib import Path
-from controller.service.app import build
+from controller.service.assemble import assemble
 from controller.service.config import Config
 tmp = Path(DATA["tmp"])
 rules = tmp / "rules"
 shutil.copytree("rules", rules, ignore=shutil.ignore_patterns("tests"))
-app = build(Config(), tmp / "state", seed=7, rules=[str(rules)])
+app = assemble(Config(), state=tmp / "state", clock=time.time, sleep=time.sleep, seed=7,
+               rules=[str(rules)])
 app.controller.tick()
 first = app.controller.rules.book.digest
 (rules / "zz.yaml").write_text(DATA["text"])
 app.controller.tick()
 app.controller.tick()
-reloads = [[r["ok"], r["digest"], r["problems"]] for r in app.journal.reloads()]
-print(json.dumps({"first": first, "reloads": reloads, "ticks": len(app.journal.ticks(9))}))
+reloads = [[r["ok"], r["digest"], r["problems"]] for r in app.journal.meta.reloads()]
+print(json.dumps({"first": first, "reloads": reloads, "ticks": len(app.journal.meta.ticks(9))}))
 app.close()
 """
 
@@ -297,13 +300,14 @@ def test_the_loop_journals_a_reload_the_engine_would_refuse(tmp_path: Path) -> N
     rules.mkdir()
     for f in (ROOT / "rules").glob("*.yaml"):
         (rules / f.name).write_text(f.read_text())
-    app = build(Config(), tmp_path / "state", seed=7, rules=[str(rules)])
+    app = assemble(Config(), state=tmp_path / "state", clock=time.time, sleep=time.sleep,
+                   seed=7, rules=[str(rules)])  # fmt: skip
     try:
         app.controller.tick()
         first = app.controller.rules.book.digest
         (rules / "zz.yaml").write_text(MATCHES.format('"a{2,300}"'))
         app.controller.tick()  # raised EngineError out of the tick before
-        reloads = [(r["ok"], r["digest"], r["problems"]) for r in app.journal.reloads()]
+        reloads = [(r["ok"], r["digest"], r["problems"]) for r in app.journal.meta.reloads()]
         assert reloads == [(0, first, f"{rules / 'zz.yaml'}:3: rule 'odd-gpu': field "
                             f"'gpu_name': {SUPPORT.format('a{2,300}')}the repeat {{2,300}} "
                             "(at most 100, and n <= m)")]  # fmt: skip

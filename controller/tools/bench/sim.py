@@ -15,13 +15,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from controller.service.app import build
+from controller.service.assemble import assemble
 from controller.service.config import Config
 
 
 def bench_sim(config: Config, ticks: int, seed: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
-        app = build(config, Path(tmp), seed=seed)
+        app = assemble(config, state=Path(tmp), clock=time.time, sleep=time.sleep, seed=seed)
         app.controller.escalator.notifier.channels = []  # time the controller, not the terminal
         previous = logging.root.manager.disable
         logging.disable(logging.WARNING)

@@ -4,11 +4,11 @@ For each size N it runs the real `Controller.tick()` (not a copy of it) on a fle
 fixed, realistic mix (per 100: 94 serving, 2 with the daemon down, 3 booting, 1 exited) and a
 proving backlog (`controller.tools.bench.world`), on one of two paths:
 
-- `real` (the default): the production fleet path (`wiring.real_fleet`: vast client and
-  provider, Curio sensor, health probes, agent records and linking) on the simulator's wire, as
-  `app._build_sim` assembles it: the listing is HTTP through `requests` to the simulated vast
-  (25 instances a page), Curio's rows answer the sensor's SQL, the probes answer for cuzk.
-  Before each tick, untimed, the world is put back in its prepared state.
+- `real` (the default): the production fleet path (`fleet_path.real_fleet`: vast client
+  and provider, Curio sensor, health probes, agent records and linking) on the simulator's
+  wire, as `assemble` builds provider sim: the listing is HTTP through `requests` to the
+  simulated vast (25 instances a page), Curio's rows answer the sensor's SQL, the probes answer
+  for cuzk. Before each tick, untimed, the world is put back in its prepared state.
 - `synthetic`: a listing built before the tick (it costs nothing) and a fixed demand; every
   action is accepted and changes nothing (the figures from before the real path).
 
@@ -20,8 +20,8 @@ persistence, enrich); on the real path `VastProvider.list_instances` and `confir
 and `machines` (curio), `RealFleet.check_health` (health: the probes), `LifecycleStore.records`,
 `record`, `link` (records: read and linked while listing; also a record looked up elsewhere in
 the tick, e.g. to restart or drain); on the synthetic path the demand is in sense. Then
-`journal.history` (history), `track.advance` (track), `build_facts` (facts), `engine.match`
-(match), `decide` (decide), `guards.check` (guards), `journal.save_tracks` and `record`
+`journal.fleet.history` (history), `track.advance` (track), `build_facts` (facts), `engine.match`
+(match), `decide` (decide), `guards.check` (guards), `fleet.save_tracks` and `actions.record`
 (journal), `Actuator.execute` (act: on the real path HTTP to vast, the agents' command queue),
 the escalator's `raise_all` and `resolve_cleared` (escalate). Times are exclusive (a phase
 nested in another is not counted twice); `other` is the rest (rules reload check, approvals,
@@ -53,7 +53,7 @@ from typing import Any
 from controller.core import guards as guards_module
 from controller.rules.engine import Engine
 from controller.rules.rulebook import load_texts
-from controller.service import tick as loop_module
+from controller.service import plan as loop_module
 from controller.service.config import Config
 from controller.service.tick import Controller, Planned
 from controller.store.journal import Journal
@@ -143,10 +143,10 @@ def _targets(c: Controller, fleet: Fleet) -> list[Target]:
                    (real.curio, "machines", "curio"), (real, "check_health", "health"),
                    (store, "records", "records"), (store, "record", "records"),
                    (store, "link", "records")]  # fmt: skip
-    return [*sensing, (c.journal, "history", "history"), (loop_module, "advance", "track"),
+    return [*sensing, (c.journal.fleet, "history", "history"), (loop_module, "advance", "track"),
             (loop_module, "build_facts", "facts"), (c.rules.engine, "match", "match"),
             (loop_module, "decide", "decide"), (guards_module, "check", "guards"),
-            (c.journal, "save_tracks", "journal"), (c.journal, "record", "journal"),
+            (c.journal.fleet, "save_tracks", "journal"), (c.journal.actions, "record", "journal"),
             (c.actuator, "execute", "act"), (c.escalator, "raise_all", "escalate"),
             (c.escalator, "resolve_cleared", "escalate")]  # fmt: skip
 

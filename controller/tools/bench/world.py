@@ -8,7 +8,7 @@ tasks each; and a backlog of PoRep tasks, the oldest pending 600 s.
   before the tick) and a fixed demand; every action is accepted and changes nothing.
 - `SimBench`: a simulated world holding the mix, one machine per instance plus spare offers,
   built directly (SimInstance fields, queue tasks), behind the production fleet path
-  (`wiring.real_fleet` on `SimWire`'s seams, as `app._build_sim` assembles it). Its agents
+  (`fleet_path.real_fleet` on `SimWire`'s seams, as `assemble` builds provider sim). Its agents
   register and report their boot through `InstanceService` (`SimAgents`), and one listing links
   their records to vast ids and Curio nodes, as a first tick would. `prepare()`, untimed, sets
   the virtual clock to the bench's, lets the agents heartbeat (they run the commands queued for
@@ -29,9 +29,9 @@ from controller.core.policy import DecideSettings
 from controller.fleet.base import LaunchRequest
 from controller.fleet.instance_api import InstanceService
 from controller.rules.source import RulesSource
-from controller.service import wiring
 from controller.service.app import decide_settings
 from controller.service.config import Config
+from controller.service.fleet_path import real_fleet, sim_settings
 from controller.service.tick import Controller
 from controller.sim import SimConfig, Simulation
 from controller.sim.agents import AgentSettings
@@ -42,6 +42,7 @@ from controller.sim.wire import SimWire
 from controller.sim.world import FIRST_INSTANCE_ID, World
 from controller.store.journal import Journal
 from escalation.notify import Notifier
+from escalation.outbox import Outbox
 from escalation.render import Renderer
 from escalation.router import Escalator
 
@@ -203,8 +204,8 @@ class SimBench:
                           odd_status_per_h=0.0)  # fmt: skip
         self.sim = Simulation(world, self.config.sim.seed, start=clock())
         self.wire = SimWire(self.sim, AgentSettings.model_validate(self.config.sim.agents))
-        self.fleet, self.curio, self.store = wiring.real_fleet(
-            self.config, journal, self.sim.now, self.wire.seams
+        self.fleet, self.curio, self.store = real_fleet(
+            sim_settings(self.config.sim.world), journal, self.sim.now, self.wire.seams
         )
         self.wire.attach(InstanceService(self.store, self.sim.now))
         fixed = self.sim.world.to_json()
@@ -212,8 +213,8 @@ class SimBench:
         self._machine_ids = list(self.sim.world.machines)
         self._install(exited_serves=True)  # before the exits: every agent that ran registers
         self._agents_step()
-        self.fleet.list_instances()  # links records to vast ids and Curio nodes
-        self.fleet.failures.clear()
+        self.fleet.list_instances()  # learns the links of records to vast ids and Curio nodes
+        self.fleet.save_learned()
         self._install()
 
     def calls(self) -> Counter[str]:
@@ -270,6 +271,7 @@ def bench_settings(config: Config, n: int, spend: float) -> DecideSettings:
 def _parts(config: Config, n: int, journal: Journal, spend: float) -> dict[str, Any]:
     """What both controllers share: the shipped rules, sized limits, no escalation channels."""
     escalator = Escalator(journal, Notifier([], Renderer()), window_s=3600, deadline_s=1800)
+    escalator.after_write = Outbox(escalator).work  # in the tick, as on the simulator
     return {"journal": journal, "rules": RulesSource([ROOT / "rules"]),
             "settings": bench_settings(config, n, spend), "escalator": escalator}  # fmt: skip
 
@@ -285,13 +287,12 @@ def synthetic_controller(config: Config, n: int, journal: Journal,
 
 def sim_controller(config: Config, n: int, journal: Journal,
                    clock: list[float]) -> tuple[Controller, SimBench]:  # fmt: skip
-    """The controller as `app._build_sim` assembles it, without its world step before the tick
+    """The controller as `assemble` builds provider sim, without its world step before the tick
     (`SimBench.prepare` does what may be done) and its save of the simulator's state after it;
-    the probe failures are kept, as for provider vast."""
+    failed probes are debounced as there."""
     bench = SimBench(config, n, journal, lambda: clock[0])
     fleet = bench.fleet
     c = Controller(provider=fleet, demand=bench.curio, clock=bench.sim.now,
-                   sources=[fleet.overdue], on_gone=fleet.gone,
-                   after_tick=lambda: journal.put(wiring.HEALTH_KEY, fleet.failures),
+                   on_gone=fleet.gone, debounce=sim_settings(config.sim.world).debounce,
                    **_parts(config, n, journal, bench.spend))  # fmt: skip
     return c, bench

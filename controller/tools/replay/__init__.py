@@ -7,7 +7,7 @@ Layers, and what each must not do:
   would have done with the same tasks, boot time, price and slots.
 - `in_world`: the KEDA/HPA-style scaler again, on the simulator fleetgate faces (same config,
   seed and tasks), acting through the world's own calls; no controller code.
-- `run`: drives the real controller (`app.build`, `Controller.tick`) on the simulator in
+- `run`: drives the real controller (`assemble`, `Controller.tick`) on the simulator in
   virtual time. It writes the journal and the task list under the report directory; it never
   decides anything itself.
 - `operator`: an opt-in stand-in for the person who answers escalations, through the same

@@ -41,7 +41,7 @@ def answer(esc: dict[str, Any]) -> str | None:
 def answer_due(journal: Journal, now: float, after_s: float) -> dict[str, int]:
     """Answer the pending escalations raised at least `after_s` ago; counts by verdict."""
     counts = {"approved": 0, "denied": 0}
-    for esc in journal.escalations(status="pending"):
+    for esc in journal.escalations.recent(status="pending"):
         if now - float(esc["created_at"]) < after_s:
             continue
         action = answer(esc)

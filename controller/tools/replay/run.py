@@ -1,6 +1,6 @@
 """Run the real controller against the simulator replaying a task list, in virtual time.
 
-`run_fleetgate` does what `fleetgate run` does on the built-in simulator (the same `app.build`,
+`run_fleetgate` does what `fleetgate run` does on the built-in simulator (the same `assemble`,
 the same rules, guards, journal and escalation), with `demand: trace` and without the
 scheduler's sleeps: it calls `Controller.tick()` in a loop, as `fleetgate bench sim` does, with
 the notification channels and WARNING logs silenced while it runs. The simulated world is saved
@@ -27,7 +27,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from controller.service.app import App, build
+from controller.service.app import App
+from controller.service.assemble import assemble
 from controller.service.config import Config
 from controller.sim import Simulation
 from controller.sim.trace import TraceTask
@@ -84,7 +85,8 @@ def run_fleetgate(config: Config, spec: RunSpec) -> FleetgateRun:
         (spec.state / name).unlink(missing_ok=True)
     trace = spec.state / "trace.csv"
     write_tasks(trace, spec.tasks)
-    app = build(trace_config(config, trace), spec.state, seed=spec.seed)
+    world = trace_config(config, trace)
+    app = assemble(world, state=spec.state, clock=time.time, sleep=time.sleep, seed=spec.seed)
     assert app.sim is not None
     app.controller.escalator.notifier.channels = []  # nobody to notify in a replay
     app.controller.rules.check_every_s = 1.0  # an edit still counts, within a second
@@ -211,10 +213,10 @@ def journal_counts(app: App) -> dict[str, Any]:
     """From the journal: decisions acted on by kind (a `launch count=3` is one; the launches it
     made, and a replace's launch, are `instance_launches`), their outcomes, every decision's
     verdict, escalations by kind and by how they ended, LLM calls."""
-    everything = app.journal.actions(limit=sys.maxsize)
+    everything = app.journal.actions.recent(limit=sys.maxsize)
     acted = [a for a in everything if a["verdict"] == "act" and a["parent_id"] is None]
     parts = [a for a in everything if a["parent_id"] is not None and a["action"] == "launch"]
-    escalations = app.journal.escalations(limit=sys.maxsize)
+    escalations = app.journal.escalations.recent(limit=sys.maxsize)
     return {
         "actions": dict(sorted(Counter(a["action"] for a in acted).items())),
         "instance_launches": len(parts),
@@ -223,7 +225,7 @@ def journal_counts(app: App) -> dict[str, Any]:
         "escalation_status": dict(sorted(Counter(e["status"] for e in escalations).items())),
         "escalations": len(escalations),
         "escalations_by_kind": dict(sorted(Counter(e["kind"] for e in escalations).items())),
-        "llm_calls": len(app.journal.llm_calls()),
+        "llm_calls": len(app.journal.llm.llm_calls()),
     }
 
 

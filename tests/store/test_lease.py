@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,32 +11,27 @@ from support import journal_on, peer
 
 from controller.service.cli import main
 from controller.service.schedule import Runner
+from controller.store.actions import Fence
 from controller.store.backend import JournalError, StaleLeader
-from controller.store.journal import Fence, Journal
+from controller.store.journal import Journal
 from controller.store.lease import Lease, read
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def j(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Journal]:
-    with journal_on(request.param, tmp_path) as journal:
-        yield journal
-
-
 def act(j: Journal, target: str = "instance:1") -> int:
-    return j.record(tick_id=None, now=1.0, action="reboot", target=target, params={},
-                    proposer="rule:r", reason="r", confidence=1.0, verdict="act", why="w",
-                    status="intent")  # fmt: skip
+    return j.actions.record(tick_id=None, now=1.0, action="reboot", target=target, params={},
+                            proposer="rule:r", reason="r", confidence=1.0, verdict="act",
+                            why="w", status="intent")  # fmt: skip
 
 
 def test_one_leads_and_its_actions_carry_the_token(j: Journal) -> None:
     other = peer(j)
     a, b = Lease(j, "a", ttl_s=30, margin_s=1), Lease(other, "b", ttl_s=30, margin_s=1)
     assert a.renew() and a.token == 1
-    assert not b.renew() and b.token is None and other.fence is None
+    assert not b.renew() and b.token is None and other.actions.fence is None
     assert a.renew() and a.token == 1  # renewing keeps the term
     assert a.may_act() and not b.may_act()
     aid = act(j)
-    assert [r["token"] for r in j.actions() if r["id"] == aid] == [1]
+    assert [r["token"] for r in j.actions.recent() if r["id"] == aid] == [1]
     state = read(other)
     assert (state.holder, state.token, state.live) == ("a", 1, True)
     assert 29 < state.expires_in_s <= 30
@@ -55,12 +49,12 @@ def test_a_stale_leader_is_refused_and_nothing_is_written(j: Journal) -> None:
     assert b.renew() and b.token == 2  # a new term, a new token
     with pytest.raises(StaleLeader, match="held by b"):
         act(j)  # a still believes it leads: the store refuses it
-    assert [r["target"] for r in j.actions()] == []
+    assert [r["target"] for r in j.actions.recent()] == []
     act(other, "instance:2")
     assert not a.renew() and not a.leading  # a learns it lost, and stands by
     with pytest.raises(StaleLeader):
         act(j)  # its fence stays on the lost term
-    assert [(r["target"], r["token"]) for r in j.actions()] == [("instance:2", 2)]
+    assert [(r["target"], r["token"]) for r in j.actions.recent()] == [("instance:2", 2)]
     other.close()
 
 
@@ -75,7 +69,7 @@ def test_a_tick_still_running_when_the_lease_is_lost_is_refused(j: Journal) -> N
     assert not a.renew()  # on waking, a's lease thread renews first and loses...
     with pytest.raises(StaleLeader, match="held by b"):
         act(j, "instance:2")  # ...and the tick's next action is refused, not unchecked
-    assert [r["target"] for r in j.actions()] == ["instance:1"]
+    assert [r["target"] for r in j.actions.recent()] == ["instance:1"]
     other.close()
 
 
@@ -106,7 +100,7 @@ def test_release_hands_over_at_once(j: Journal) -> None:
     a, b = Lease(j, "a", ttl_s=60), Lease(other, "b", ttl_s=60)
     assert a.renew() and not b.renew()
     a.release()
-    assert not read(j).live and j.fence is None
+    assert not read(j).live and j.actions.fence is None
     assert b.renew() and b.token == 2
     other.close()
 
@@ -116,13 +110,15 @@ def test_decisions_that_act_on_nothing_need_no_lease(j: Journal) -> None:
     a = Lease(j, "a", ttl_s=60)
     assert a.renew()
     a.release()
-    j.fence = Fence("leader", "a", 1)  # a still believes it leads
+    j.actions.fence = Fence("leader", "a", 1)  # a still believes it leads
     assert Lease(other, "b", ttl_s=60).renew()
-    j.record(tick_id=None, now=1.0, action="hold", target="fleet", params={}, proposer="p",
-             reason="r", confidence=1.0, verdict="veto", why="w", status="vetoed")  # fmt: skip
+    j.actions.record(tick_id=None, now=1.0, action="hold", target="fleet", params={},
+                     proposer="p", reason="r", confidence=1.0, verdict="veto", why="w",
+                     status="vetoed")  # fmt: skip
     with pytest.raises(StaleLeader):
         act(j)
-    assert [(r["verdict"], r["token"]) for r in j.actions(executed_only=False)] == [("veto", None)]
+    rows = j.actions.recent(executed_only=False)
+    assert [(r["verdict"], r["token"]) for r in rows] == [("veto", None)]
     other.close()
 
 
@@ -182,14 +178,14 @@ def test_a_cron_tick_takes_the_lease_and_stands_aside_for_a_leader(
     state = tmp_path / "s"
     assert main(["--state", str(state), "tick"]) == 0
     j = Journal(state / "journal.db")
-    assert len(j.ticks()) == 1 and not read(j).live  # released after the tick
+    assert len(j.meta.ticks()) == 1 and not read(j).live  # released after the tick
     assert main(["--state", str(state), "status"]) == 0
     assert "leader: none (last " in capsys.readouterr().out
     leader = Lease(j, "ops-1:4242", ttl_s=60)
     assert leader.renew()
     assert main(["--state", str(state), "tick"]) == 0
     assert "ops-1:4242 leads (token 2" in capsys.readouterr().err
-    assert len(j.ticks()) == 1  # it did not tick
+    assert len(j.meta.ticks()) == 1  # it did not tick
     assert main(["--state", str(state), "status"]) == 0
     assert "leader: ops-1:4242 (token 2, lease" in capsys.readouterr().out
     j.close()

@@ -1,0 +1,154 @@
+"""Apply: the third step of a tick. Write, then act, then record the results.
+
+1. one transaction, fenced by the leader lease: the plan's bookkeeping (closed intents, lost
+   or late launches, replacement states, expired escalations), the tracks and events, and one
+   row per decision worth recording (an `act` as an intent, before anything is called);
+2. act: each `act` decision through the actuator, which writes its result under its intent;
+3. escalations answered by a decision are marked with what became of the answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from controller.core.decide import Doubt
+from controller.core.model import Decision
+from controller.core.reconcile import Book, repeated, veto_key
+from controller.fleet.actuator import Actuator, Job
+from controller.service.plan import Planned
+from controller.store.journal import Journal
+
+log = logging.getLogger(__name__)
+
+_QUIET = ("noop", "superseded")
+
+
+@dataclass(frozen=True)
+class Applied:
+    counts: dict[str, int]  # decisions by verdict
+    refused: tuple[Doubt, ...]  # LLM answers the guards vetoed: for people now
+    expired: tuple[int, ...]  # escalations closed by their deadline
+    closed: tuple[int, ...]  # escalations whose answer was carried out, vetoed or void
+
+
+def write(journal: Journal, planned: Planned, tick_id: int) -> list[tuple[Decision, int]]:
+    """Step 1: bookkeeping, tracks and the decisions' rows, in one transaction."""
+    effective = {d.proposal.target for d in planned.plan.decisions if d.verdict not in _QUIET}
+    recent = set(planned.vetoes)
+    rows: list[tuple[Decision, int]] = []
+    with journal.tx():
+        for b in planned.books:
+            _book(journal, b, planned.now)
+        journal.fleet.save_tracks(planned.tracks, planned.events)
+        for d in planned.plan.decisions:
+            if not _worth_recording(d, effective) or repeated(d, recent):
+                continue
+            if d.verdict == "veto" and d.proposal.escalation_id is None:
+                recent.add(veto_key(d.effective_action, d.proposal.target, d.guard,
+                                    d.effective_params))  # fmt: skip
+            rows.append((d, _record(journal, d, tick_id, planned.now)))
+    return rows
+
+
+def _book(journal: Journal, b: Book, now: float) -> None:
+    a = b.args
+    if b.op == "finish":
+        journal.actions.finish(int(a["action_id"]), now, str(a["status"]), dict(a["result"]))
+        log.warning("action #%s: %s %s", a["action_id"], a["status"],
+                    a["result"].get("note", ""))  # fmt: skip
+    elif b.op == "replacement":
+        journal.actions.set_replacement(str(a["old_id"]), str(a["state"]), a.get("new_id"))
+    elif b.op == "expire":
+        journal.escalations.answer(int(a["esc_id"]), status="expired", by="deadline", now=now,
+                                   answer=None)  # fmt: skip
+    else:  # a plan only holds the ops above
+        raise ValueError(f"unknown bookkeeping op {b.op!r}")
+
+
+def act(journal: Journal, actuator: Actuator, planned: Planned, tick_id: int,
+        rows: list[tuple[Decision, int]]) -> Applied:  # fmt: skip
+    """Steps 2 and 3."""
+    counts: dict[str, int] = {}
+    for d in planned.plan.decisions:
+        counts[d.verdict] = counts.get(d.verdict, 0) + 1
+    refused: list[Doubt] = []
+    closed: list[int] = []
+    for d, action_id in rows:
+        if d.verdict == "act":
+            job = Job(d, action_id, tick_id, planned.history, planned.now, planned.by_id)
+            outcome = actuator.execute(job)
+            log.info("[%s] %s %s → %s%s | %s", _clock(planned.now), d.effective_action,
+                     brief(d.effective_params), outcome.status, _result(outcome.result),
+                     _who(d))  # fmt: skip
+            status = "executed" if outcome.status != "failed" else "failed"
+        else:
+            status = {"veto": "vetoed"}.get(d.verdict, d.verdict)
+        esc = d.proposal.escalation_id
+        if esc is not None and d.verdict in ("act", "veto", "noop"):
+            journal.escalations.set_escalation_status(
+                esc, "void" if d.verdict == "noop" else status, action_id)  # fmt: skip
+            closed.append(esc)
+            if d.verdict == "veto" and d.proposal.proposer.startswith("llm:"):
+                refused.append(_refused(d))
+    expired = tuple(int(b.args["esc_id"]) for b in planned.books if b.op == "expire")
+    return Applied(counts, tuple(refused), expired, tuple(closed))
+
+
+_STATUS = {"act": "intent", "veto": "vetoed", "ask": "asked", "observe": "observed"}
+
+
+def _record(journal: Journal, d: Decision, tick_id: int, now: float) -> int:
+    status = _STATUS.get(d.verdict, d.verdict)
+    return journal.actions.record(
+        tick_id=tick_id, now=now, action=d.effective_action, target=d.proposal.target,
+        params=d.effective_params, proposer=d.proposal.proposer, reason=d.proposal.reason,
+        confidence=d.proposal.confidence, verdict=d.verdict, why=d.why, guard=d.guard,
+        status=status, escalation_id=d.proposal.escalation_id,
+    )  # fmt: skip
+
+
+def _worth_recording(d: Decision, effective: set[str]) -> bool:
+    """Noops are not journaled (unless they answer a human); a superseded proposal only when
+    the proposal that won did something (else every tick would repeat it)."""
+    if d.verdict == "noop":
+        return d.proposal.escalation_id is not None
+    if d.verdict == "superseded":
+        return d.proposal.target in effective
+    return True
+
+
+def _refused(d: Decision) -> Doubt:
+    """An LLM answer the guards vetoed: people decide now (the LLM is not asked again)."""
+    p = d.proposal
+    return Doubt(
+        "guard_veto",
+        p.target,
+        f"{p.proposer} answered escalation #{p.escalation_id} "
+        f"with {p.action} {brief(p.params)}, but the guards refused it: {d.why}",
+        key={"guard": d.guard, "escalation": p.escalation_id},
+        proposals=(p,),
+        people_only=True,
+    )
+
+
+def brief(params: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items())
+
+
+def _clock(now: float) -> str:
+    return time.strftime("%m-%d %H:%M", time.gmtime(now))
+
+
+def _result(result: dict[str, Any]) -> str:
+    shown = {k: v for k, v in result.items() if k in ("launched", "replacement", "error")}
+    return f" ({brief(shown)})" if shown else ""
+
+
+def _who(d: Decision) -> str:
+    p = d.proposal
+    if p.proposer.startswith("rule:"):
+        return f"rule {p.proposer[5:]}: {p.reason}"
+    return f"{p.proposer}: {p.reason}"

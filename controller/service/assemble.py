@@ -1,0 +1,250 @@
+"""The composition root: from a `Config` to the controller it describes.
+
+`assemble(config, state=..., clock=..., sleep=...)`:
+
+1. read the rules and the templates, build every channel (the registry in `channels.py`):
+   what needs no journal, so a config that cannot be built writes nothing;
+2. open the journal: SQLite in the state directory or the configured PostgreSQL schema (dry:
+   an empty one in memory, so nothing is written where `run` writes);
+3. build the LLM reader and the escalator;
+4. build the fleet and the controller with the provider's builder (PROVIDERS: vast, sim).
+
+Building opens no connection and sends nothing: the vast client, the Curio sensor, the channels
+and the LLM client connect when first used. `fleetgate check` assembles dry and so constructs
+everything `run` would; what fails to build is a `ConfigError` naming the config file and key.
+`clock` and `sleep` are what every adapter that talks to the world outside is given; nothing
+here reads the time or sleeps. The simulator brings its own virtual clock for the controller.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import requests
+
+from controller.core.policy import DecideSettings
+from controller.fleet.curio import connect as curio_connect
+from controller.fleet.health import check_many
+from controller.fleet.instance_api import InstanceService
+from controller.rules.source import RulesSource
+from controller.service import llm_reader
+from controller.service.app import App, decide_settings
+from controller.service.channels import ChannelSeams, build_channels
+from controller.service.config import Config, rules_paths
+from controller.service.config_errors import ConfigError, building
+from controller.service.fleet_path import real_fleet, sim_settings, vast_settings
+from controller.service.tick import Controller
+from controller.sim import SimConfig, Simulation
+from controller.sim.agents import AgentSettings
+from controller.sim.wire import Seams, SimWire
+from controller.store.journal import Journal
+from controller.store.lease import Lease
+from escalation.channels.base import Channel
+from escalation.llm import LLMClient
+from escalation.notify import Notifier
+from escalation.render import Renderer, RenderError
+from escalation.router import Escalator
+
+log = logging.getLogger(__name__)
+
+SIM_KEY = "sim.state"  # the simulated world, saved after every tick
+AGENTS_KEY = "sim.agents"  # its agents
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What a provider's builder gets: the parts every controller has, and the seams."""
+
+    config: Config
+    state: Path
+    journal: Journal
+    rules: RulesSource
+    settings: DecideSettings
+    escalator: Escalator
+    clock: Callable[[], float]
+    sleep: Callable[[float], None]
+    seed: int | None
+    dry: bool
+    closers: list[Callable[[], None]]  # what the App closes: the sessions built here
+
+
+def assemble(
+    config: Config,
+    *,
+    state: Path,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+    config_path: str | None = None,
+    seed: int | None = None,
+    rules: list[str] | None = None,
+    dry: bool = False,
+    read_only: bool = False,
+) -> App:
+    """The controller `config` describes (see the module docstring). `config_path` names the
+    file in errors and commands; `seed` starts a new simulated world; `rules` replaces the
+    configured rules paths; `dry` builds everything without opening the journal; `read_only`
+    opens an existing journal for reading only (`explain`: gather + plan writes nothing)."""
+    # urllib3 logs request paths at DEBUG, and a webhook's path is a secret: whoever embeds
+    # the controller with DEBUG logging must not leak it
+    logging.getLogger("urllib3").setLevel(max(logging.getLogger("urllib3").level, logging.WARNING))
+    source = RulesSource(_rules(config, config_path, rules))  # what needs no journal comes first
+    with building(config_path, "escalation.templates_dir", RenderError):
+        renderer = Renderer(config.escalation.templates_dir)
+    channels = _channels(config, config_path, state, clock, sleep)
+    journal = Journal(":memory:") if dry else open_journal(config, state, read_only=read_only)
+    closers: list[Callable[[], None]] = []
+    try:
+        escalator = _escalator(config, config_path, state, journal, renderer, channels, clock,
+                               sleep, dry)  # fmt: skip
+        if isinstance(escalator.reader, LLMClient):
+            closers.append(escalator.reader.close)
+        parts = Parts(config, state, journal, source, decide_settings(config), escalator, clock,
+                      sleep, seed, dry, closers)  # fmt: skip
+        with building(config_path, config.provider):
+            return PROVIDERS[config.provider](parts)
+    except BaseException:
+        for close in closers:
+            close()
+        journal.close()
+        raise
+
+
+def _rules(config: Config, config_path: str | None, cli_paths: list[str] | None) -> list[Path]:
+    paths = rules_paths(config, cli_paths)
+    if config.rules and not cli_paths:
+        for n, path in enumerate(paths):
+            if not path.exists():
+                raise ConfigError(f"{config_path or '(the defaults)'}: rules.{n}: {str(path)!r} "
+                                  "is neither a rules file nor a folder")  # fmt: skip
+    return paths
+
+
+def _channels(config: Config, config_path: str | None, state: Path, clock: Callable[[], float],
+              sleep: Callable[[float], None]) -> list[Channel]:  # fmt: skip
+    esc = config.escalation
+    token = config.api.token if config.api is not None else None
+    seams = ChannelSeams(state=state, file=esc.file, answer_token=token, clock=clock, sleep=sleep)
+    return build_channels(esc.channels, seams, config_path)
+
+
+def _escalator(config: Config, config_path: str | None, state: Path, journal: Journal,
+               renderer: Renderer, channels: list[Channel], clock: Callable[[], float],
+               sleep: Callable[[float], None], dry: bool) -> Escalator:  # fmt: skip
+    esc = config.escalation
+    with building(config_path, "escalation.llm"):
+        reader = llm_reader.reader(esc.llm, journal, renderer, clock=clock, sleep=sleep,
+                                   enforce_check=not dry)  # fmt: skip
+    return Escalator(journal, Notifier(channels, renderer), window_s=esc.dedup_window_s,
+                     deadline_s=esc.deadline_s, cli_prefix=cli_prefix(config_path, state),
+                     gate=config.gate, reader=reader, answer_url=answer_url(config),
+                     clock=clock)  # fmt: skip
+
+
+def _vast(p: Parts) -> App:
+    """provider vast: the fleet path on production's wire, with the injected clock and sleep."""
+    c = p.config
+    settings = vast_settings(_section(c.vast, "vast"), _section(c.curio, "curio"),
+                             _section(c.instances, "instances"))  # fmt: skip
+    seams = Seams(requests.Session(), curio_connect, check_many, p.clock, p.sleep)
+    p.closers.append(seams.session.close)
+    fleet, curio, store = real_fleet(settings, p.journal, p.clock, seams)
+    controller = Controller(
+        journal=p.journal, provider=fleet, demand=curio, rules=p.rules, settings=p.settings,
+        escalator=p.escalator, clock=p.clock, on_gone=fleet.gone, debounce=settings.debounce,
+    )  # fmt: skip
+    return App(c, p.state, p.journal, controller, lifecycle=store, dry=p.dry, closers=p.closers)
+
+
+def _sim(p: Parts) -> App:
+    """provider sim: the same fleet path on the simulator's wire (`controller.sim.wire`)."""
+    c, journal = p.config, p.journal
+    sim = load_sim(journal, c, p.seed)
+    agent_settings = AgentSettings.model_validate(c.sim.agents)
+    wire = SimWire(sim, agent_settings, (journal.meta.get(AGENTS_KEY) or {}).get("agents"))
+    settings = sim_settings(c.sim.world)
+    fleet, curio, store = real_fleet(settings, journal, sim.now, wire.seams)
+    wire.attach(InstanceService(store, sim.now))
+    step = c.sim.seconds_per_tick
+
+    def save() -> None:
+        journal.meta.put(SIM_KEY, sim.to_json())
+        journal.meta.put(AGENTS_KEY, wire.state())
+
+    controller = Controller(
+        journal=journal, provider=fleet, demand=curio, rules=p.rules, settings=p.settings,
+        escalator=p.escalator, clock=sim.now, before_tick=lambda: wire.before_tick(step),
+        after_tick=save, on_gone=fleet.gone, debounce=settings.debounce,
+    )  # fmt: skip
+    app = App(c, p.state, journal, controller, sim, store, wire, dry=p.dry, closers=p.closers)
+    app.closers.append(wire.seams.session.close)
+    p.escalator.clock = sim.now
+    p.escalator.after_write = app.outbox.work  # in the tick: a replay is the same every run
+    return app
+
+
+ProviderBuilder = Callable[[Parts], App]
+PROVIDERS: Mapping[str, ProviderBuilder] = {"vast": _vast, "sim": _sim}
+
+
+def _section(value: T | None, key: str) -> T:
+    if value is None:  # the config's own check requires it: this is a guard, not a message
+        raise ConfigError(f"the config lacks the section {key!r} its provider needs")
+    return value
+
+
+def load_sim(journal: Journal, config: Config, seed: int | None) -> Simulation:
+    """The saved world, or a new one (from --seed, else the config's seed)."""
+    saved = journal.meta.get(SIM_KEY)
+    if saved is not None:
+        sim = Simulation.from_json(saved)
+        if seed is not None and seed != sim.seed:
+            log.warning(
+                "this state directory continues a world of seed %d; --seed %d ignored "
+                "(use a new --state for a new world)",
+                sim.seed,
+                seed,
+            )
+        return sim
+    world = SimConfig.model_validate(config.sim.world)
+    return Simulation(world, config.sim.seed if seed is None else seed)
+
+
+def open_journal(config: Config, state: Path, *, read_only: bool = False) -> Journal:
+    """SQLite in the state directory, or the configured PostgreSQL schema (`read_only`: an
+    existing SQLite journal, opened so that any write fails)."""
+    if config.journal is None:
+        return Journal(state / "journal.db", read_only=read_only)
+    from controller.store.backend import PostgresStore
+
+    section = config.journal
+    return Journal(PostgresStore(section.dsn.get_secret_value(), section.schema_name,
+                                 section.connect_timeout_s))  # fmt: skip
+
+
+def lease(config: Config, journal: Journal) -> Lease:
+    """This controller's claim on the leader lease of `journal`."""
+    return Lease(journal, config.lease.holder, ttl_s=config.lease.ttl_s,
+                 margin_s=config.lease.margin_s)  # fmt: skip
+
+
+def answer_url(config: Config) -> str | None:
+    """Where people reach the HTTP API (links in messages), when it is served."""
+    if config.api is None:
+        return None
+    return config.api.public_url or f"http://{config.api.listen}"
+
+
+def cli_prefix(config_path: str | None, state: Path) -> str:
+    """The command people run to answer, with this controller's --config and --state."""
+    parts = ["fleetgate"]
+    if config_path:
+        parts += ["--config", config_path]
+    if str(state) != ".fleetgate":
+        parts += ["--state", str(state)]
+    return " ".join(shlex.quote(p) for p in parts)

@@ -1,0 +1,108 @@
+"""The production fleet path: the vast client and provider, the Curio sensor, the cuzk health
+probes and the agent records, built on a wire (`controller.sim.wire.Seams`).
+
+Provider vast builds it on production's wire with the config's settings; provider sim on the
+simulator's wire with the settings its simulated vast and Curio answer to (`sim_settings`).
+Nothing here reads the clock or sleeps: both come in with the wire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import SecretStr
+
+from controller.core.model import Instance
+from controller.core.track import Debounce
+from controller.fleet.curio import CurioDemand, CurioSettings
+from controller.fleet.health import InstancesSettings, status_target
+from controller.fleet.observe import Health, RealFleet
+from controller.fleet.vast import DEFAULT_MIN_INTERVAL_S, VastClient, VastProvider, VastSettings
+from controller.sim import wire as sim_wire
+from controller.sim.wire import Seams
+from controller.store.journal import Journal
+from controller.store.records import LifecycleStore
+
+TOKEN_ENV = "FLEETGATE_FLEET_TOKEN"  # how every instance gets the token its agent presents
+
+
+@dataclass(frozen=True)
+class FleetSettings:
+    """The settings of the fleet path's three adapters."""
+
+    vast: VastSettings
+    curio: CurioSettings
+    instances: InstancesSettings
+
+    @property
+    def debounce(self) -> Debounce:
+        """When failed status probes make a daemon down (the controller counts them)."""
+        inst = self.instances
+        return Debounce(inst.health_failures_to_down, inst.health_down_after_s)
+
+
+def vast_settings(
+    vast: VastSettings, curio: CurioSettings, instances: InstancesSettings
+) -> FleetSettings:
+    """Provider vast: the config's sections; every create also gets the fleet token."""
+    env = {**vast.secret_env, TOKEN_ENV: instances.fleet_token}
+    return FleetSettings(vast.model_copy(update={"secret_env": env}), curio, instances)
+
+
+def sim_settings(world: Mapping[str, Any] | None = None) -> FleetSettings:
+    """Provider sim: what the simulated vast and Curio answer to. `world` is the config's
+    `sim.world`: Curio counts the task names its `task_weights` give, when it gives them."""
+    vast = VastSettings(base_url=sim_wire.VAST_URL, api_key=SecretStr(sim_wire.API_KEY),
+                        image=sim_wire.IMAGE, backoff_s=0.0,
+                        min_interval_s=dict.fromkeys(DEFAULT_MIN_INTERVAL_S, 0.0))  # fmt: skip
+    names = (world or {}).get("task_weights") or {}
+    tasks = {"tasks": dict.fromkeys(names, 1.0)} if names else {}
+    curio = CurioSettings.model_validate(
+        {"dsn": SecretStr(sim_wire.CURIO_DSN), "allow_drain": True, **tasks}
+    )
+    return FleetSettings(vast, curio, InstancesSettings(fleet_token=SecretStr("sim")))
+
+
+class Launched:
+    """Instance id -> launch label of every launch that rented, read from the journal once and
+    then only what is new (the instances fleetgate owns, whatever label vast shows)."""
+
+    def __init__(self, journal: Journal) -> None:
+        self._journal = journal
+        self._after = 0
+        self._ids: dict[str, str] = {}
+
+    def __call__(self) -> dict[str, str]:
+        for action_id, instance_id, label in self._journal.actions.launched_after(self._after):
+            self._ids[instance_id] = label
+            self._after = action_id
+        return self._ids
+
+
+def real_fleet(
+    settings: FleetSettings, journal: Journal, clock: Callable[[], float], seams: Seams
+) -> tuple[RealFleet, CurioDemand, LifecycleStore]:
+    """(fleet provider, demand sensor, lifecycle store) on `seams`; `clock` is the
+    controller's (the wire's own clock paces the vast client)."""
+    inst = settings.instances
+    client = VastClient(settings.vast, seams.session, clock=seams.clock, sleep=seams.sleep)
+    vast = VastProvider(client, settings.vast)  # missing instances are confirmed one by one
+    curio = CurioDemand(settings.curio, connect=seams.curio_connect)
+    store = LifecycleStore(journal)
+
+    def check_health(instances: Sequence[Instance]) -> Mapping[str, Health]:
+        targets = {}
+        for i in instances:
+            target = status_target(vast.last_raw.get(i.id, {}), inst.health_port)
+            if target is not None:
+                targets[i.id] = target
+        found: Mapping[str, Health] = seams.check_many(targets, inst.health_timeout_s)
+        return found
+
+    fleet = RealFleet(vast=vast, lifecycle=store, curio=curio, check_health=check_health,
+                      clock=clock, sidecar_stale_s=inst.sidecar_stale_s,
+                      command_deadline_s=inst.command_deadline_s,
+                      launched=Launched(journal))  # fmt: skip
+    return fleet, curio, store

@@ -1,0 +1,118 @@
+"""Gather: the first step of a tick. Read the journal once, then sense, into a frozen snapshot.
+
+Nothing here writes: `fleetgate explain` is gather + plan on a store opened read-only. A failed
+sensor is a failed reading in the observation, never "zero instances".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, replace
+from typing import Any
+
+from controller.core.model import Observation, Proposal, SensorStatus
+from controller.core.reconcile import VETO_REPEAT_S, veto_key
+from controller.core.sanity import check_listing
+from controller.core.track import History
+from controller.fleet.base import DemandSensor, Provider, ProviderError, SensorError, StaleReading
+from controller.store.journal import Journal
+from escalation import approvals
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """What one tick knows before deciding: the journal's rows and what was sensed."""
+
+    now: float
+    history: History
+    observation: Observation
+    intents: tuple[dict[str, Any], ...]  # actions left at `intent`
+    launches: tuple[dict[str, Any], ...]  # single launches still open or recently done
+    seen: frozenset[str]  # launched instance ids listed since the pending window began
+    replacements: tuple[dict[str, Any], ...]
+    approved: tuple[Proposal, ...]  # approved answers not yet carried out
+    pending: tuple[dict[str, Any], ...]  # pending escalations (some may be past deadline)
+    vetoes: frozenset[tuple[str, ...]]  # vetoes journaled within VETO_REPEAT_S
+    paused: bool
+
+
+def gather(journal: Journal, provider: Provider, demand: DemandSensor, now: float, *,
+           pending_s: float) -> Gathered:  # fmt: skip
+    """One read of history, then sensing (`sense`), then the listing's sanity check."""
+    hist = journal.fleet.history(now)
+    destroyed = journal.actions.destroyed_since(now - 3600)
+    launches = journal.actions.recent_launches(now - pending_s)
+    ours = [str(r["result"]["instance"]) for r in launches if r["result"].get("instance")]
+    seen = journal.fleet.seen_instances(now - pending_s, ours)
+    intents = tuple(journal.actions.in_flight())
+    replacements = tuple(journal.actions.replacements())
+    approved = tuple(approvals.approved_proposals(journal))
+    pending = tuple(journal.escalations.recent(status="pending"))
+    vetoes = recent_vetoes(journal, now)
+    paused = bool(journal.meta.get("paused", False))
+    sensed = sense(provider, demand, now, hist.instances, destroyed)
+    obs = check_listing(sensed, hist.instances, [*destroyed, *sensed.confirmed_gone])
+    return Gathered(now, hist, obs, intents, tuple(launches), frozenset(seen), replacements,
+                    approved, pending, vetoes, paused)  # fmt: skip
+
+
+def recent_vetoes(journal: Journal, now: float) -> frozenset[tuple[str, ...]]:
+    """The vetoes journaled within VETO_REPEAT_S (not answers to escalations), by `veto_key`."""
+    rows = journal.store.query(
+        "SELECT action, target, guard, params FROM actions WHERE verdict = 'veto' AND at > ? "
+        "AND escalation_id IS NULL", (now - VETO_REPEAT_S,))  # fmt: skip
+    return frozenset(veto_key(str(r["action"]), str(r["target"]), str(r["guard"] or ""),
+                              json.loads(r["params"])) for r in rows)  # fmt: skip
+
+
+def sense(provider: Provider, demand: DemandSensor, now: float,
+          tracked: Collection[str] = (),
+          destroyed: Collection[str] = ()) -> Observation:  # fmt: skip
+    """Each sensor independently; a failure is recorded, never read as zero.
+
+    Tracked instances that a good listing lacks (and that we did not destroy) are looked up
+    one by one where the provider can (`confirm_gone`): vast's listing has answered empty while
+    instances billed, and an instance destroyed in vast's console, or by a destroy whose answer
+    timed out, is gone only when vast says so. The rest stay `unconfirmed`."""
+    sensors: list[SensorStatus] = []
+    instances = _read("provider", provider.list_instances, sensors)
+    queue = _read("demand", demand.demand, sensors)
+    foreign = tuple(getattr(provider, "foreign", ()))
+    obs = Observation(now, tuple(instances), tuple(queue), tuple(sensors), foreign)
+    confirm = getattr(provider, "confirm_gone", None)
+    if confirm is None or not obs.sensor_ok("provider"):
+        return obs
+    listed = {i.id for i in instances}
+    missing = sorted(set(tracked) - listed - set(destroyed), key=_numeric)
+    if not missing:
+        return obs
+    try:
+        gone = set(confirm(missing))
+    except (ProviderError, SensorError) as exc:
+        log.warning("sensing: cannot confirm %d missing instance(s): %s", len(missing), exc)
+        gone = set()
+    return replace(obs, confirmed_gone=tuple(i for i in missing if i in gone),
+                   unconfirmed=tuple(i for i in missing if i not in gone))  # fmt: skip
+
+
+def _numeric(instance_id: str) -> tuple[int, str]:
+    return (int(instance_id), "") if instance_id.isdigit() else (0, instance_id)
+
+
+def _read(name: str, read: Callable[[], list[Any]], sensors: list[SensorStatus]) -> list[Any]:
+    try:
+        values = read()
+    except StaleReading as exc:
+        sensors.append(SensorStatus(name, "stale", str(exc)[:300]))
+        log.error("sensing: %s is stale: %s", name, exc)
+        return []
+    except (ProviderError, SensorError) as exc:
+        sensors.append(SensorStatus(name, "failed", str(exc)[:300]))
+        log.error("sensing: %s failed: %s", name, exc)
+        return []
+    sensors.append(SensorStatus(name, "ok"))
+    return values

@@ -1,0 +1,67 @@
+"""The LLM reader of escalations, built from `escalation.llm` (an `LLMSettings`).
+
+`require_check: true` keeps the reader off (people only) until `fleetgate llm-check` passed
+for the configured model at the configured URL; the last check's result is in the journal.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from controller.store.journal import Journal
+from escalation.llm import LLMClient, LLMSettings, UsageStore
+from escalation.render import Renderer
+from escalation.usage import JournalUsage
+
+log = logging.getLogger(__name__)
+
+CHECK_KEY = "llm.check"  # the last `fleetgate llm-check`: base_url, model, ratio, at
+
+
+def llm_client(
+    settings: LLMSettings,
+    journal: Journal,
+    renderer: Renderer,
+    *,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+    usage: UsageStore | None = None,
+) -> LLMClient:
+    """The client; `usage` defaults to the journal's (the service's budget)."""
+    budget = usage if usage is not None else JournalUsage(journal)
+    return LLMClient(settings, renderer, budget, clock=clock, sleep=sleep)
+
+
+def reader(
+    settings: LLMSettings | None,
+    journal: Journal,
+    renderer: Renderer,
+    *,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+    enforce_check: bool = True,
+) -> LLMClient | None:
+    """The LLM reader, or None (people only) when none is configured or its check is due."""
+    if settings is None:
+        return None
+    client = llm_client(settings, journal, renderer, clock=clock, sleep=sleep)
+    if enforce_check and settings.require_check and not check_passed(journal, settings):
+        log.warning("LLM escalation is off until `fleetgate llm-check` passes for model %r at %s",
+                    settings.model, settings.base_url)  # fmt: skip
+        return None
+    return client
+
+
+def check_passed(journal: Journal, settings: LLMSettings) -> bool:
+    last = journal.meta.get(CHECK_KEY) or {}
+    return bool(last.get("base_url") == settings.base_url and last.get("model") == settings.model
+                and float(last.get("ratio", 0)) >= settings.check_threshold)  # fmt: skip
+
+
+def record_check(journal: Journal, settings: LLMSettings, ratio: float, at: float) -> None:
+    """Remember a `fleetgate llm-check` result for `require_check`."""
+    journal.meta.put(
+        CHECK_KEY,
+        {"base_url": settings.base_url, "model": settings.model, "ratio": ratio, "at": at},
+    )

@@ -1,0 +1,113 @@
+"""Escalations (what the rules could not decide, put to a person) and their deliveries.
+
+Tables: `escalations`, `deliveries`. An escalation is answered once: by a person, by the
+default when its deadline passes, or not at all.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller.store.aggregate import Aggregate, dumps, loads
+from controller.store.backend import Row
+
+
+def _decoded(r: Row) -> Row:
+    for k in ("situation", "default_action", "answer"):
+        r[k] = loads(r.get(k))
+    return r
+
+
+class Escalations(Aggregate):
+    """Each escalation, its status and answer; each attempt to deliver it on a channel."""
+
+    SCHEMA = """
+CREATE TABLE IF NOT EXISTS escalations (
+  id INTEGER PRIMARY KEY, fingerprint TEXT NOT NULL, kind TEXT NOT NULL, subject TEXT NOT NULL,
+  summary TEXT NOT NULL, created_at REAL NOT NULL, deadline REAL NOT NULL, status TEXT NOT NULL,
+  situation TEXT NOT NULL, default_action TEXT NOT NULL, answered_by TEXT, answered_at REAL,
+  answer TEXT, executed_action_id INTEGER
+);
+CREATE INDEX IF NOT EXISTS escalations_fp ON escalations(fingerprint, created_at);
+CREATE INDEX IF NOT EXISTS escalations_status ON escalations(status);
+CREATE TABLE IF NOT EXISTS deliveries (
+  id INTEGER PRIMARY KEY, escalation_id INTEGER NOT NULL, channel TEXT NOT NULL, at REAL NOT NULL,
+  ok INTEGER NOT NULL, detail TEXT
+);
+"""
+
+    # ---- escalations -----------------------------------------------------------------------
+    def add_escalation(
+        self,
+        *,
+        fingerprint: str,
+        kind: str,
+        subject: str,
+        summary: str,
+        now: float,
+        deadline: float,
+        situation: dict[str, Any],
+        default_action: dict[str, Any],
+    ) -> int:
+        """A new pending escalation; its id."""
+        with self.tx() as db:
+            return db.insert(
+                "INSERT INTO escalations(fingerprint, kind, subject, summary, created_at, "
+                "deadline, status, situation, default_action) "
+                "VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?)",
+                (fingerprint, kind, subject, summary, now, deadline, dumps(situation),
+                 dumps(default_action)),
+            )  # fmt: skip
+
+    def last_escalation(self, fingerprint: str) -> Row | None:
+        """The latest escalation of this fingerprint, as stored (JSON columns not decoded)."""
+        return self._one(
+            "SELECT * FROM escalations WHERE fingerprint = ? ORDER BY id DESC LIMIT 1",
+            (fingerprint,),
+        )
+
+    def recent(self, status: str | None = None, limit: int = 200) -> list[Row]:
+        """The last `limit` escalations (of `status`, if given), oldest first, decoded."""
+        where, args = ("WHERE status = ?", [status]) if status else ("", [])
+        rows = self._all(
+            f"SELECT * FROM escalations {where} ORDER BY id DESC LIMIT ?", [*args, limit]
+        )
+        return [_decoded(r) for r in rows[::-1]]
+
+    def escalation(self, esc_id: int) -> Row | None:
+        row = self._one("SELECT * FROM escalations WHERE id = ?", (esc_id,))
+        return _decoded(row) if row else None
+
+    def answer(
+        self, esc_id: int, *, status: str, by: str, now: float, answer: dict[str, Any] | None
+    ) -> bool:
+        """Answer a pending escalation; False if it was not pending (answered or expired)."""
+        with self.tx() as db:
+            cur = db.execute(
+                "UPDATE escalations SET status = ?, answered_by = ?, answered_at = ?, "
+                "answer = ? WHERE id = ? AND status = 'pending'",
+                (status, by, now, dumps(answer) if answer else None, esc_id),
+            )
+            return cur.rowcount == 1
+
+    def set_escalation_status(self, esc_id: int, status: str, action_id: int | None = None) -> None:
+        with self.tx() as db:
+            db.execute(
+                "UPDATE escalations SET status = ?, executed_action_id = ? WHERE id = ?",
+                (status, action_id, esc_id),
+            )
+
+    # ---- deliveries ------------------------------------------------------------------------
+    def add_delivery(self, esc_id: int, channel: str, now: float, ok: bool, detail: str) -> None:
+        with self.tx() as db:
+            db.execute(
+                "INSERT INTO deliveries(escalation_id, channel, at, ok, detail) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (esc_id, channel, now, int(ok), detail),
+            )
+
+    def deliveries(self, esc_id: int) -> list[Row]:
+        return self._all(
+            "SELECT channel, at, ok, detail FROM deliveries WHERE escalation_id = ? ORDER BY id",
+            (esc_id,),
+        )

@@ -1,0 +1,74 @@
+"""Ticks, rule reloads and the key/value store (the pause switch, the simulator's state).
+
+Tables: `ticks`, `rule_reloads`, `kv`. The key/value table is shared by name: the tracks and
+hosts (`controller/store/fleet.py`) keep their version stamps in it under keys of their own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller.store.aggregate import Aggregate, dumps, loads
+
+MAX_PROBLEMS_CHARS = 20_000  # of a failed reload's problems, as stored
+
+UPSERT_KV = ("INSERT INTO kv(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET "
+             "value = excluded.value")  # fmt: skip
+
+
+class Meta(Aggregate):
+    """Each tick's start, end and summary; each rules reload; named values."""
+
+    SCHEMA = """
+CREATE TABLE IF NOT EXISTS ticks (
+  id INTEGER PRIMARY KEY, started_at REAL NOT NULL, finished_at REAL, rules TEXT,
+  summary TEXT
+);
+CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS rule_reloads (
+  id INTEGER PRIMARY KEY, at REAL NOT NULL, ok INTEGER NOT NULL, digest TEXT NOT NULL,
+  problems TEXT
+);
+"""
+
+    # ---- key/value -------------------------------------------------------------------------
+    def get(self, key: str, default: Any = None) -> Any:
+        row = self._one("SELECT value FROM kv WHERE key = ?", (key,))
+        return loads(row["value"]) if row else default
+
+    def put(self, key: str, value: Any) -> None:
+        with self.tx() as db:
+            db.execute(UPSERT_KV, (key, dumps(value)))
+
+    # ---- ticks -----------------------------------------------------------------------------
+    def start_tick(self, now: float, rules: str) -> int:
+        with self.tx() as db:
+            return db.insert("INSERT INTO ticks(started_at, rules) VALUES (?, ?)", (now, rules))
+
+    def finish_tick(self, tick_id: int, now: float, summary: dict[str, Any]) -> None:
+        with self.tx() as db:
+            db.execute(
+                "UPDATE ticks SET finished_at = ?, summary = ? WHERE id = ?",
+                (now, dumps(summary), tick_id),
+            )
+
+    def ticks(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The last `limit` ticks, newest first, their summaries decoded."""
+        rows = self._all("SELECT * FROM ticks ORDER BY id DESC LIMIT ?", (limit,))
+        for r in rows:
+            r["summary"] = loads(r["summary"])
+        return rows
+
+    def last_now(self) -> float | None:
+        """When the last tick started (None before the first)."""
+        row = self._one("SELECT MAX(started_at) AS t FROM ticks")
+        return float(row["t"]) if row and row["t"] is not None else None
+
+    # ---- rule reloads ----------------------------------------------------------------------
+    def add_reload(self, now: float, ok: bool, digest: str, problems: str = "") -> None:
+        with self.tx() as db:
+            db.execute("INSERT INTO rule_reloads(at, ok, digest, problems) VALUES (?, ?, ?, ?)",
+                       (now, int(ok), digest, problems[:MAX_PROBLEMS_CHARS]))  # fmt: skip
+
+    def reloads(self) -> list[dict[str, Any]]:
+        return self._all("SELECT * FROM rule_reloads ORDER BY id")

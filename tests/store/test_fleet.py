@@ -1,0 +1,133 @@
+"""The contract of `journal.fleet`: tracks saved by change and read back by any process,
+events, hosts, and the history a tick decides from."""
+
+from __future__ import annotations
+
+from support import peer
+
+from controller.core.track import Event, Track
+from controller.store.fleet import HISTORY_WINDOW_S, UPTIME_EVERY
+from controller.store.journal import Journal
+
+
+def _track(i: str, uptime: float, stage: str = "running") -> Track:
+    return Track(i, "m" + i, 0, stage, 0, "running", 0, "up", 0, uptime=uptime)
+
+
+def _act(j: Journal, now: float, action: str, target: str, **kw: object) -> int:
+    fields: dict[str, object] = dict(tick_id=1, now=now, action=action, target=target,
+                                     params={}, proposer="p", reason="r", confidence=1.0,
+                                     verdict="act", why="w", status="ok")  # fmt: skip
+    fields.update(kw)
+    return j.actions.record(**fields)  # type: ignore[arg-type]
+
+
+def test_history_is_rebuilt_from_what_was_stored(j: Journal) -> None:
+    t = Track("1", "m1", 0, "running", 0, "running", 0, "up", 0)
+    j.fleet.save_tracks(
+        {"1": t},
+        [
+            Event("1", 50, "death"),
+            Event("1", 60, "restart"),
+            Event("1", 60, "bench", {"machine_id": "m1", "rate": 33.0}),
+        ],
+    )
+    parent = _act(j, 70.0, "launch", "fleet", params={"count": 1})
+    _act(j, 70.0, "launch", "fleet", key="k", parent_id=parent)
+    j.fleet.block_host("m9", 500.0, "crash loop")
+    j.actions.add_replacement("1", "lbl", 80.0, 2000.0, parent)
+    j.actions.add_replacement("2", "lbl2", 80.0, 2000.0, parent)
+    j.actions.set_replacement("2", "waiting", new_id="5")
+    h = j.fleet.history(100.0)
+    assert h.instances == {"1": t}
+    assert [e.kind for e in h.events] == ["death", "restart"]
+    assert h.host_rates == {"m1": 33.0} and h.host_blocks == {"m9": 500.0}
+    assert h.host_failures == {"m9": 1}
+    assert h.launches == (70.0,) and h.retiring == frozenset({"1", "2"})
+    assert h.replacing == frozenset({"5"})
+    assert h.last_acted == {"launch:fleet": 70.0}
+    assert h.host_blocked("m9", 100.0) and not h.host_blocked("m9", 600.0)
+
+
+def test_history_keeps_to_its_window_and_to_what_was_acted_on(j: Journal) -> None:
+    now = 100_000.0
+    old = now - HISTORY_WINDOW_S - 1
+    j.fleet.save_tracks({}, [Event("1", old, "death"), Event("1", now - 5, "death"),
+                             Event("1", now - 5, "seen")])  # fmt: skip
+    _act(j, old, "reboot", "instance:1")
+    _act(j, now - 9, "reboot", "instance:1")
+    _act(j, now - 8, "reboot", "instance:1", status="failed")  # failed: not acted
+    _act(j, now - 7, "hold", "fleet", verdict="veto", status="vetoed")
+    _act(j, now - 6, "launch", "fleet", key="a", parent_id=1, status="unknown")
+    _act(j, now - 6, "launch", "fleet", key="b", parent_id=1, status="failed")
+    h = j.fleet.history(now)
+    assert [(e.at, e.kind) for e in h.events] == [(now - 5, "death")]
+    assert h.last_acted == {"reboot:instance:1": now - 9, "launch:fleet": now - 6}
+    assert h.launches == (now - 6,)  # an unknown outcome may have rented one
+
+
+def test_history_read_inside_an_open_transaction_sees_its_writes(j: Journal) -> None:
+    with j.tx():
+        j.fleet.save_tracks({"1": _track("1", 10)}, [])
+        _act(j, 50.0, "reboot", "instance:1")
+        h = j.fleet.history(100.0)
+    assert h.instances == {"1": _track("1", 10)} and h.last_acted == {"reboot:instance:1": 50.0}
+
+
+def test_tracks_events_and_first_sightings(j: Journal) -> None:
+    assert not j.fleet.has_tracks() and j.fleet.tracks() == {}
+    t = Track("1", "m1", 0, "running", 0, "running", 0, "up", 0)
+    j.fleet.save_tracks({"1": t}, [Event("1", 5.0, "seen"), Event("2", 6.0, "seen", {"x": 1})])
+    assert j.fleet.has_tracks() and j.fleet.seen_instances(5.5, ["1", "2", "3"]) == {"2"}
+    assert j.fleet.seen_instances(0.0, ["1"]) == {"1"} and j.fleet.seen_instances(0.0, []) == set()
+    assert [e["detail"] for e in j.fleet.events()] == [{}, {"x": 1}]
+    assert [e["kind"] for e in j.fleet.events("2")] == ["seen"]
+    assert [e["instance_id"] for e in j.fleet.events(limit=1)] == ["2"]
+    j.fleet.save_tracks({}, [])
+    assert not j.fleet.has_tracks()
+
+
+def test_tracks_are_saved_by_change_and_read_back_by_any_process(j: Journal) -> None:
+    j.fleet.save_tracks({"1": _track("1", 10), "2": _track("2", 10)}, [])
+    other = peer(j)
+    assert other.fleet.tracks() == {"1": _track("1", 10), "2": _track("2", 10)}
+    # uptime alone: this process sees it at once, others within UPTIME_EVERY saves
+    j.fleet.save_tracks({"1": _track("1", 40), "2": _track("2", 40, stage="params")}, [])
+    assert j.fleet.history(0.0).instances == {"1": _track("1", 40),
+                                              "2": _track("2", 40, "params")}  # fmt: skip
+    seen = other.fleet.tracks()
+    assert seen["2"] == _track("2", 40, "params")  # a stage change is stored at once
+    assert seen["1"].stage == "running" and seen["1"].uptime in (10, 40)
+    for n in range(UPTIME_EVERY):
+        j.fleet.save_tracks({"1": _track("1", 100 + n)}, [])  # 2 vanished: removed at once
+        assert set(other.fleet.tracks()) == {"1"}
+    assert other.fleet.tracks()["1"].uptime >= 100  # written within UPTIME_EVERY saves
+    # another process saving makes this one read the store again
+    other.fleet.save_tracks({"3": _track("3", 5)}, [])
+    assert j.fleet.tracks() == {"3": _track("3", 5)}
+    assert j.fleet.history(0.0).instances == j.fleet.tracks()
+    other.close()
+
+
+def test_hosts_written_here_or_elsewhere_read_back_the_same(j: Journal) -> None:
+    j.fleet.save_tracks({}, [Event("1", 5.0, "bench", {"machine_id": "m1", "rate": 30.0})])
+    assert j.fleet.history(10.0).host_rates == {"m1": 30.0}
+    j.fleet.block_host("m1", 100.0, "crash loop")
+    other = peer(j)
+    assert other.fleet.history(10.0).host_blocks == {"m1": 100.0}
+    other.fleet.block_host("m2", 200.0, "slow")  # written elsewhere: this process reads again
+    j.fleet.save_tracks({}, [Event("2", 6.0, "bench", {"machine_id": "m1", "rate": 35.0})])
+    h = j.fleet.history(10.0)
+    assert h.host_rates == {"m1": 35.0} and h.host_blocks == {"m1": 100.0, "m2": 200.0}
+    assert [(r["machine_id"], r["failures"]) for r in j.fleet.hosts()] == [("m1", 1), ("m2", 1)]
+    j.fleet.hosts()[0]["failures"] = 99  # a caller's copy, not the journal's
+    assert j.fleet.hosts()[0]["failures"] == 1 and other.fleet.hosts() == j.fleet.hosts()
+    other.close()
+
+
+def test_a_host_blocked_again_counts_its_failures(j: Journal) -> None:
+    j.fleet.block_host("m1", 100.0, "crash loop")
+    j.fleet.block_host("m1", 200.0, "again")
+    [host] = j.fleet.hosts()
+    assert (host["failures"], host["blocked_until"], host["block_reason"]) == (2, 200.0, "again")
+    assert j.fleet.history(0.0).host_failures == {"m1": 2}

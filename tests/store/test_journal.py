@@ -1,0 +1,125 @@
+"""The journal as a whole: one store under every part, a schema created where it is missing
+(a journal written before a column was added opens and is brought up to date), reads that see
+one snapshot, and the config that puts it on PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from support import BACKENDS, PG_DSN, peer, pg_store
+
+from controller.service.assemble import open_journal
+from controller.service.config import ConfigError, parse_config
+from controller.store.backend import JournalError, PostgresStore, SQLiteStore, Store, statements
+from controller.store.journal import Journal
+from controller.store.lease import Lease
+
+# `actions` as first shipped: no `token` column (the lease's fencing token came later)
+ACTIONS_BEFORE_TOKEN = """
+CREATE TABLE actions (
+  id INTEGER PRIMARY KEY, tick_id INTEGER, at REAL NOT NULL, action TEXT NOT NULL,
+  target TEXT NOT NULL, params TEXT NOT NULL, proposer TEXT NOT NULL, reason TEXT NOT NULL,
+  confidence REAL, verdict TEXT NOT NULL, why TEXT NOT NULL, guard TEXT, status TEXT NOT NULL,
+  result TEXT, finished_at REAL, key TEXT UNIQUE, escalation_id INTEGER, parent_id INTEGER
+);
+CREATE TABLE kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+@contextmanager
+def bare_store(kind: str, tmp_path: Path) -> Iterator[Store]:
+    """An empty store of `kind`, no journal opened on it yet."""
+    if kind == "sqlite":
+        yield SQLiteStore(tmp_path / "journal.db")
+        return
+    store = pg_store()
+    try:
+        yield store
+    finally:
+        store.drop()
+        store.close()
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_a_journal_from_before_a_column_was_added_opens_and_is_brought_up_to_date(
+    kind: str, tmp_path: Path
+) -> None:
+    with bare_store(kind, tmp_path) as store:
+        store.create(statements(ACTIONS_BEFORE_TOKEN))
+        with store.tx() as db:
+            db.execute("INSERT INTO actions(at, action, target, params, proposer, reason, "
+                       "verdict, why, status) VALUES (1.0, 'reboot', 'instance:7', '{}', 'p', "
+                       "'r', 'act', 'w', 'ok')")  # fmt: skip
+            db.execute("INSERT INTO kv(key, value) VALUES ('paused', 'true')")
+        j = Journal(store)
+        [old] = j.actions.recent()
+        assert (old["target"], old["token"], old["params"]) == ("instance:7", None, {})
+        assert j.meta.get("paused") is True
+        lease = Lease(j, "a", ttl_s=60)
+        assert lease.renew()
+        j.actions.record(tick_id=None, now=2.0, action="reboot", target="instance:8",
+                         params={}, proposer="p", reason="r", confidence=1.0, verdict="act",
+                         why="w", status="intent")  # fmt: skip
+        assert [r["token"] for r in j.actions.recent()] == [None, 1]
+        assert j.fleet.history(3.0).last_acted == {"reboot:instance:7": 1.0,
+                                                   "reboot:instance:8": 2.0}  # fmt: skip
+        lease.release()
+        Journal(store)  # opening again changes nothing
+
+
+def test_every_part_shares_the_journal_store_and_its_transaction(j: Journal) -> None:
+    parts = (j.meta, j.actions, j.escalations, j.fleet, j.llm)
+    assert all(p.store is j.store for p in parts)
+    with pytest.raises(RuntimeError), j.tx():
+        j.meta.put("paused", True)
+        j.llm.add_llm_usage(1.0, 10)
+        raise RuntimeError("rolled back")
+    assert j.meta.get("paused") is None and j.llm.llm_usage_since(0.0) == (0, 0)
+
+
+def test_a_snapshot_reads_one_committed_state(j: Journal) -> None:
+    j.meta.put("k", 1)
+    other = peer(j)
+    with j.store.snapshot() as db:
+        before = db.execute("SELECT value FROM kv WHERE key = ?", ("k",)).rows
+        other.meta.put("k", 2)  # committed by another connection while the snapshot is open
+        again = db.execute("SELECT value FROM kv WHERE key = ?", ("k",)).rows
+    assert before == again == [{"value": "1"}] and j.meta.get("k") == 2
+    other.close()
+
+
+def test_a_snapshot_on_postgresql_refuses_writes(tmp_path: Path) -> None:
+    store = pg_store()
+    try:
+        j = Journal(store)
+        with pytest.raises(JournalError, match="read-only"), store.snapshot() as db:
+            db.execute("INSERT INTO kv(key, value) VALUES ('k', '1')")
+        assert j.meta.get("k") is None
+    finally:
+        store.drop()
+        store.close()
+
+
+def test_the_config_puts_the_journal_on_postgresql(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    schema = "fg_test_cfg_" + os.urandom(4).hex()
+    text = f"journal:\n  dsn: {{env: FG_TEST_JOURNAL_DSN}}\n  schema_name: {schema}\n"
+    monkeypatch.delenv("FG_TEST_JOURNAL_DSN", raising=False)
+    with pytest.raises(ConfigError, match="journal.dsn"):  # the variable is not set
+        open_journal(parse_config("c.yaml", text), tmp_path)
+    monkeypatch.setenv("FG_TEST_JOURNAL_DSN", PG_DSN)
+    j = open_journal(parse_config("c.yaml", text), tmp_path)
+    try:
+        assert isinstance(j.store, PostgresStore) and j.store.schema == schema
+        assert "password" not in j.store.where and schema in j.store.where
+        j.meta.put("k", 1)
+        assert not (tmp_path / "journal.db").exists() and j.meta.get("k") == 1
+    finally:
+        assert isinstance(j.store, PostgresStore)
+        j.store.drop()
+        j.close()

@@ -1,0 +1,47 @@
+"""The contract of `journal.meta`: ticks, rule reloads, the key/value store."""
+
+from __future__ import annotations
+
+from support import peer
+
+from controller.store.journal import Journal
+from controller.store.meta import MAX_PROBLEMS_CHARS
+
+
+def test_times_keep_their_precision(j: Journal) -> None:
+    at = 1_790_000_000.123456  # epoch seconds: a float4 column would be off by minutes
+    tick = j.meta.start_tick(at, "digest")
+    j.meta.finish_tick(tick, at + 0.5, {"launched": 1})
+    [row] = j.meta.ticks(1)
+    assert row["started_at"] == at and row["finished_at"] == at + 0.5
+    assert row["summary"] == {"launched": 1} and j.meta.last_now() == at
+
+
+def test_ticks_come_newest_first_and_an_unfinished_one_has_no_summary(j: Journal) -> None:
+    assert j.meta.ticks() == [] and j.meta.last_now() is None
+    first = j.meta.start_tick(10.0, "a")
+    j.meta.finish_tick(first, 11.0, {})
+    second = j.meta.start_tick(20.0, "b")
+    rows = j.meta.ticks()
+    assert [(r["id"], r["rules"]) for r in rows] == [(second, "b"), (first, "a")]
+    assert rows[0]["summary"] is None and rows[0]["finished_at"] is None
+    assert [r["id"] for r in j.meta.ticks(1)] == [second] and j.meta.last_now() == 20.0
+
+
+def test_key_value_and_reopen(j: Journal) -> None:
+    j.meta.put("paused", True)
+    j.meta.put("paused", False)
+    j.meta.put("sim", {"t": 1.5, "ids": [1, 2]})
+    other = peer(j)
+    assert other.meta.get("paused") is False and other.meta.get("sim") == {"t": 1.5, "ids": [1, 2]}
+    assert other.meta.get("missing", 7) == 7 and other.meta.get("missing") is None
+    other.close()
+
+
+def test_reloads_are_journaled_with_their_problems_capped(j: Journal) -> None:
+    j.meta.add_reload(1.0, True, "abc")
+    j.meta.add_reload(2.0, False, "abc", "rules/x.yaml:3: bad")
+    j.meta.add_reload(3.0, False, "def", "x" * (MAX_PROBLEMS_CHARS + 10))
+    rows = j.meta.reloads()
+    assert [(r["ok"], r["problems"]) for r in rows[:2]] == [(1, ""), (0, "rules/x.yaml:3: bad")]
+    assert len(rows[2]["problems"]) == MAX_PROBLEMS_CHARS and rows[2]["digest"] == "def"

@@ -1,0 +1,36 @@
+"""The README's action table is the descriptors' table, row for row."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from controller.core.actions import DESCRIPTORS, table
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+HEADER = "| action | parameters |"
+
+
+def readme_table() -> str:
+    """The README's one table whose header starts with HEADER, as its lines."""
+    lines = README.read_text(encoding="utf-8").splitlines()
+    starts = [n for n, line in enumerate(lines) if line.startswith(HEADER)]
+    assert len(starts) == 1, f"README.md has {len(starts)} action tables, expected one"
+    rows = []
+    for line in lines[starts[0] :]:
+        if not line.startswith("|"):
+            break
+        rows.append(line)
+    return "\n".join(rows) + "\n"
+
+
+def test_the_readme_table_is_the_descriptors_table() -> None:
+    assert readme_table() == table(), (
+        "README.md's action table differs from controller.core.actions.table(); paste "
+        "`python -c 'from controller.core.actions import table; print(table())'` over it"
+    )
+
+
+def test_the_table_has_one_row_per_action_with_every_field() -> None:
+    rows = table().splitlines()[2:]
+    assert [r.split("|")[1].strip() for r in rows] == [f"`{n}`" for n in DESCRIPTORS]
+    assert all(len(r.split("|")) == len(rows[0].split("|")) for r in rows)
