@@ -64,8 +64,9 @@ def _instance_fact(inst: Any, hist: History, now: float) -> dict[str, Any]:
         "host_blocked": hist.host_blocked(inst.machine_id, now),
         "replacing": inst.id in hist.replacing,
         "retiring": inst.id in hist.retiring,
-        "command_overdue_s": inst.command_overdue_s,
     }
+    if inst.command_overdue_s:  # rare: only then asserted (every field costs the engine)
+        fact["command_overdue_s"] = inst.command_overdue_s
     if inst.bench_rate is not None:
         fact["bench_rate"] = inst.bench_rate
     if inst.daemon_uptime_s is not None:

@@ -38,7 +38,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "num_gpus": 1, "dph": 0.5, "tasks_running": 1, "drained": False, "status_msg": "",
         "age_s": 7200.0, "stage_age_s": 3600.0, "status_for_s": 3600.0, "down_for_s": 0.0,
         "restarts_1h": 0, "deaths_1h": 0, "idle_for_s": 0.0, "host_blocked": False,
-        "replacing": False, "retiring": False, "bench_rate": 35.0, "command_overdue_s": 0.0,
+        "replacing": False, "retiring": False, "bench_rate": 35.0,
     },
     "demand": {
         "task": "all", "pending": 0, "running": 0, "oldest_pending_s": 0.0, "max_retries": 0,
