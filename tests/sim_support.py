@@ -74,6 +74,6 @@ def sim_fleet(sim: Simulation, journal: Journal, agents: dict[str, Any] | None =
     from controller.service.fleet_path import real_fleet, sim_settings
 
     wire = SimWire(sim, AgentSettings.model_validate(agents or {}))
-    fleet, curio, store = real_fleet(sim_settings(), journal, sim.now, wire.seams)
+    fleet, curio, store, _ = real_fleet(sim_settings(), journal, sim.now, wire.seams)
     wire.attach(InstanceService(store, sim.now))
     return fleet, curio, wire

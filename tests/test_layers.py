@@ -88,6 +88,7 @@ MUST_NOT: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 EXTRA: dict[str, tuple[str, ...]] = {
     "controller.fleet.curio": ("controller.fleet.actuator",),  # sensors never act
     "controller.fleet.health": ("controller.fleet.actuator",),
+    "controller.fleet.observe": ("controller.fleet.actuator", "controller.fleet.actions"),
 }
 # the one module of a room allowed past one of its rules
 PASSES = {

@@ -295,14 +295,14 @@ def test_a_restart_no_agent_picks_up_becomes_a_vast_reboot(world: World) -> None
 
 
 def test_a_drain_the_config_does_not_allow_fails_that_action_only(world: World) -> None:
+    from controller.fleet.actions import FleetActions
     from controller.fleet.base import PermanentProviderError
-    from controller.fleet.observe import RealFleet
 
     world.db.post("PoRep", 2)
     world.tick(4)
     [iid] = sorted(world.registered)
-    fleet = world.app.controller.provider
-    assert isinstance(fleet, RealFleet)
+    fleet = world.app.controller.actuator.provider  # the acting half of the fleet path
+    assert isinstance(fleet, FleetActions)
     fleet.curio.settings = fleet.curio.settings.model_copy(update={"allow_drain": False})
     with pytest.raises(PermanentProviderError, match="not allowed"):
         fleet.drain(str(iid))

@@ -17,9 +17,9 @@ from controller.core.model import Decision
 from controller.core.policy import Guards
 from controller.core.track import History
 from controller.fleet.base import (
+    Actuated,
     CreateOutcomeUnknown,
     LaunchRequest,
-    Provider,
     ProviderError,
     TemporaryProviderError,
 )
@@ -51,7 +51,7 @@ class Job:
 
 
 class Actuator:
-    def __init__(self, provider: Provider, journal: Journal, limits: Guards) -> None:
+    def __init__(self, provider: Actuated, journal: Journal, limits: Guards) -> None:
         self.provider = provider
         self.journal = journal
         self.limits = limits

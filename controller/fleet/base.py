@@ -54,10 +54,8 @@ class LaunchRequest:
     max_dph: float | None = None
 
 
-class Provider(Protocol):
-    """What the controller needs from a fleet. Every call may raise ProviderError."""
-
-    def list_instances(self) -> list[Instance]: ...
+class Actuated(Protocol):
+    """What the controller does to a fleet. Every call may raise ProviderError."""
 
     def launch(self, request: LaunchRequest) -> str:
         """Rent one instance labelled `request.label`; returns its id. Never retried blindly."""
@@ -74,6 +72,19 @@ class Provider(Protocol):
     def drain(self, instance_id: str) -> None:
         """Mark the instance's Curio node unschedulable (it takes no new tasks)."""
         ...
+
+
+class Provider(Actuated, Protocol):
+    """A fleet that is both read and acted on (the simpler fleets and the test fakes); the real
+    fleet splits the two (`RealFleet` reads, `FleetActions` acts)."""
+
+    def list_instances(self) -> list[Instance]: ...
+
+
+class Sensed(Protocol):
+    """What the controller reads of a fleet."""
+
+    def list_instances(self) -> list[Instance]: ...
 
 
 class DemandSensor(Protocol):

@@ -1,7 +1,8 @@
 """The real fleet as the controller sees it: vast's listing joined with what the instances
 reported (lifecycle), whether cuzk answers (health) and what Curio says of their nodes.
 
-`enrich` is pure; `RealFleet` does the I/O around it and is the controller's provider:
+`enrich` is pure; `RealFleet` does the reading around it and is the controller's fleet sensor
+(it reads and never acts: what the controller does to the fleet is `controller.fleet.actions`):
 
 - list: vast listing (a failed or implausibly empty one raises: never "zero instances"),
   lifecycle records, daemon health for instances past registration, Curio machines;
@@ -20,7 +21,7 @@ from dataclasses import dataclass, is_dataclass, replace
 from typing import Any, Protocol, cast
 
 from controller.core.model import Instance
-from controller.fleet.base import LaunchRequest, PermanentProviderError, SensorError
+from controller.fleet.base import SensorError
 from controller.store.records import LifecycleError
 
 log = logging.getLogger(__name__)
@@ -152,7 +153,6 @@ class RealFleet:
         check_health: Callable[[Sequence[Instance]], Mapping[str, Health]],
         clock: Callable[[], float],
         sidecar_stale_s: float = 180.0,
-        command_deadline_s: float = 300.0,
         launched: Callable[[], Mapping[str, str]] = dict,
         label_prefix: str = "fg-",
     ) -> None:
@@ -162,7 +162,6 @@ class RealFleet:
         self.check_health = check_health
         self.clock = clock
         self.sidecar_stale_s = sidecar_stale_s
-        self.command_deadline_s = command_deadline_s
         self.launched = launched  # instance id -> launch label, of every launch that rented
         self.label_prefix = label_prefix
         self.foreign: list[Instance] = []
@@ -275,50 +274,3 @@ class RealFleet:
                 continue
             log.info("instance %s: linked to agent record %r (Curio node %s)", vast_id, label,
                      hp or "unknown")  # fmt: skip
-
-    def launch(self, request: LaunchRequest) -> str:
-        return str(self.vast.launch(request))
-
-    def find_by_label(self, label: str) -> Instance | None:
-        found: Instance | None = self.vast.find_by_label(label)
-        return found
-
-    def destroy(self, instance_id: str) -> None:
-        self.vast.destroy(instance_id)
-
-    def reboot(self, instance_id: str) -> None:
-        """Reboot through vast; the agent's commands nobody picked up are closed with it."""
-        self.vast.reboot(instance_id)
-        record = self.lifecycle.resolve(instance_id)
-        if record is None:
-            return
-        now = self.clock()
-        for cmd in self.lifecycle.overdue_commands(now):
-            if cmd.label == record.label:
-                result = {"ok": False, "detail": "not picked up in time: the instance rebooted"}
-                self.lifecycle.complete(cmd.id, result, now)
-
-    def restart_daemon(self, instance_id: str) -> None:
-        """Queue it for the agent; without a registered agent, reboot through vast at once."""
-        record = self.lifecycle.resolve(instance_id)
-        if record is None:
-            log.warning("instance %s has no registered agent: rebooting it instead", instance_id)
-            self.vast.reboot(instance_id)
-            return
-        self.lifecycle.queue_command(record.label, "restart_daemon", self.clock(),
-                                     self.command_deadline_s)  # fmt: skip
-
-    def drain(self, instance_id: str) -> None:
-        record = self.lifecycle.resolve(instance_id)
-        if record is None or not record.host_and_port:
-            raise PermanentProviderError(f"instance {instance_id!r} has no known Curio node")
-        try:
-            self.curio.drain(record.host_and_port)
-        except SensorError as exc:  # not allowed by the config, or Curio unreachable
-            raise PermanentProviderError(f"cannot drain instance {instance_id!r}: {exc}") from exc
-
-    def gone(self, instance_id: str) -> None:
-        """The controller saw this instance vanish from vast: drop what its agent reported."""
-        record = self.lifecycle.resolve(instance_id)
-        if record is not None:
-            self.lifecycle.forget(record.label)

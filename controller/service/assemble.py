@@ -153,10 +153,11 @@ def _vast(p: Parts) -> App:
                              _section(c.instances, "instances"))  # fmt: skip
     seams = Seams(requests.Session(), curio_connect, check_many, p.clock, p.sleep)
     p.closers.append(seams.session.close)
-    fleet, curio, store = real_fleet(settings, p.journal, p.clock, seams)
+    fleet, curio, store, actions = real_fleet(settings, p.journal, p.clock, seams)
     controller = Controller(
         journal=p.journal, provider=fleet, demand=curio, rules=p.rules, settings=p.settings,
-        escalator=p.escalator, clock=p.clock, on_gone=fleet.gone, debounce=settings.debounce,
+        escalator=p.escalator, clock=p.clock, actions=actions, on_gone=actions.gone,
+        debounce=settings.debounce,
     )  # fmt: skip
     return App(c, p.state, p.journal, controller, lifecycle=store, dry=p.dry, closers=p.closers)
 
@@ -168,7 +169,7 @@ def _sim(p: Parts) -> App:
     agent_settings = AgentSettings.model_validate(c.sim.agents)
     wire = SimWire(sim, agent_settings, (journal.meta.get(AGENTS_KEY) or {}).get("agents"))
     settings = sim_settings(c.sim.world)
-    fleet, curio, store = real_fleet(settings, journal, sim.now, wire.seams)
+    fleet, curio, store, actions = real_fleet(settings, journal, sim.now, wire.seams)
     wire.attach(InstanceService(store, sim.now))
     step = c.sim.seconds_per_tick
 
@@ -179,7 +180,7 @@ def _sim(p: Parts) -> App:
     controller = Controller(
         journal=journal, provider=fleet, demand=curio, rules=p.rules, settings=p.settings,
         escalator=p.escalator, clock=sim.now, before_tick=lambda: wire.before_tick(step),
-        after_tick=save, on_gone=fleet.gone, debounce=settings.debounce,
+        after_tick=save, actions=actions, on_gone=actions.gone, debounce=settings.debounce,
     )  # fmt: skip
     app = App(c, p.state, journal, controller, sim, store, wire, dry=p.dry, closers=p.closers)
     app.closers.append(wire.seams.session.close)

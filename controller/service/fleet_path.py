@@ -16,6 +16,7 @@ from pydantic import SecretStr
 
 from controller.core.model import Instance
 from controller.core.track import Debounce
+from controller.fleet.actions import FleetActions
 from controller.fleet.curio import CurioDemand, CurioSettings
 from controller.fleet.health import InstancesSettings, status_target
 from controller.fleet.observe import Health, RealFleet
@@ -83,8 +84,8 @@ class Launched:
 
 def real_fleet(
     settings: FleetSettings, journal: Journal, clock: Callable[[], float], seams: Seams
-) -> tuple[RealFleet, CurioDemand, LifecycleStore]:
-    """(fleet provider, demand sensor, lifecycle store) on `seams`; `clock` is the
+) -> tuple[RealFleet, CurioDemand, LifecycleStore, FleetActions]:
+    """(fleet sensor, demand sensor, lifecycle store, fleet actions) on `seams`; `clock` is the
     controller's (the wire's own clock paces the vast client)."""
     inst = settings.instances
     client = VastClient(settings.vast, seams.session, clock=seams.clock, sleep=seams.sleep)
@@ -103,6 +104,7 @@ def real_fleet(
 
     fleet = RealFleet(vast=vast, lifecycle=store, curio=curio, check_health=check_health,
                       clock=clock, sidecar_stale_s=inst.sidecar_stale_s,
-                      command_deadline_s=inst.command_deadline_s,
                       launched=Launched(journal))  # fmt: skip
-    return fleet, curio, store
+    actions = FleetActions(vast=vast, lifecycle=store, curio=curio, clock=clock,
+                           command_deadline_s=inst.command_deadline_s)  # fmt: skip
+    return fleet, curio, store, actions

@@ -16,7 +16,7 @@ from controller.core.model import Observation, Proposal, SensorStatus
 from controller.core.reconcile import VETO_REPEAT_S, veto_key
 from controller.core.sanity import check_listing
 from controller.core.track import History
-from controller.fleet.base import DemandSensor, Provider, ProviderError, SensorError, StaleReading
+from controller.fleet.base import DemandSensor, ProviderError, Sensed, SensorError, StaleReading
 from controller.store.journal import Journal
 from escalation import approvals
 
@@ -40,20 +40,21 @@ class Gathered:
     paused: bool
 
 
-def gather(journal: Journal, provider: Provider, demand: DemandSensor, now: float, *,
+def gather(journal: Journal, provider: Sensed, demand: DemandSensor, now: float, *,
            pending_s: float) -> Gathered:  # fmt: skip
     """One read of history, then sensing (`sense`), then the listing's sanity check."""
-    hist = journal.fleet.history(now)
-    destroyed = journal.actions.destroyed_since(now - 3600)
-    launches = journal.actions.recent_launches(now - pending_s)
-    ours = [str(r["result"]["instance"]) for r in launches if r["result"].get("instance")]
-    seen = journal.fleet.seen_instances(now - pending_s, ours)
-    intents = tuple(journal.actions.in_flight())
-    replacements = tuple(journal.actions.replacements())
-    approved = tuple(approvals.approved_proposals(journal))
-    pending = tuple(journal.escalations.recent(status="pending"))
-    vetoes = recent_vetoes(journal, now)
-    paused = bool(journal.meta.get("paused", False))
+    with journal.store.snapshot():  # one read: every row as of one moment
+        hist = journal.fleet.history(now)
+        destroyed = journal.actions.destroyed_since(now - 3600)
+        launches = journal.actions.recent_launches(now - pending_s)
+        ours = [str(r["result"]["instance"]) for r in launches if r["result"].get("instance")]
+        seen = journal.fleet.seen_instances(now - pending_s, ours)
+        intents = tuple(journal.actions.in_flight())
+        replacements = tuple(journal.actions.replacements())
+        approved = tuple(approvals.approved_proposals(journal))
+        pending = tuple(journal.escalations.recent(status="pending"))
+        vetoes = recent_vetoes(journal, now)
+        paused = bool(journal.meta.get("paused", False))
     sensed = sense(provider, demand, now, hist.instances, destroyed)
     obs = check_listing(sensed, hist.instances, [*destroyed, *sensed.confirmed_gone])
     return Gathered(now, hist, obs, intents, tuple(launches), frozenset(seen), replacements,
@@ -69,7 +70,7 @@ def recent_vetoes(journal: Journal, now: float) -> frozenset[tuple[str, ...]]:
                               json.loads(r["params"])) for r in rows)  # fmt: skip
 
 
-def sense(provider: Provider, demand: DemandSensor, now: float,
+def sense(provider: Sensed, demand: DemandSensor, now: float,
           tracked: Collection[str] = (),
           destroyed: Collection[str] = ()) -> Observation:  # fmt: skip
     """Each sensor independently; a failure is recorded, never read as zero.

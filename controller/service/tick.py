@@ -19,14 +19,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from controller.core.model import Proposal
 from controller.core.policy import DecideSettings
 from controller.core.reconcile import followups, serving
 from controller.core.track import NO_DEBOUNCE, Debounce
 from controller.fleet.actuator import Actuator
-from controller.fleet.base import DemandSensor, Provider
+from controller.fleet.base import Actuated, DemandSensor, Sensed
 from controller.rules.source import RulesSource
 from controller.service import apply
 from controller.service.gather import Gathered, gather, sense
@@ -44,7 +44,7 @@ class Controller:
         self,
         *,
         journal: Journal,
-        provider: Provider,
+        provider: Sensed,
         demand: DemandSensor,
         rules: RulesSource,
         settings: DecideSettings,
@@ -53,6 +53,7 @@ class Controller:
         before_tick: Callable[[], None] | None = None,
         after_tick: Callable[[], None] | None = None,
         on_gone: Callable[[str], None] | None = None,
+        actions: Actuated | None = None,
         debounce: Debounce = NO_DEBOUNCE,
     ) -> None:
         self.journal = journal
@@ -66,7 +67,9 @@ class Controller:
         self.after_tick = after_tick
         self.on_gone = on_gone  # an instance vanished from a good listing (forget its records)
         self.debounce = debounce  # failed health probes that make a daemon down
-        self.actuator = Actuator(provider, journal, settings.guards)
+        # a fleet that is read and acted on through one object (a simpler fleet, a test's)
+        acts = actions if actions is not None else cast(Actuated, provider)
+        self.actuator = Actuator(acts, journal, settings.guards)
 
     def gather(self, now: float) -> Gathered:
         return gather(self.journal, self.provider, self.demand, now,

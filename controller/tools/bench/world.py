@@ -204,7 +204,7 @@ class SimBench:
                           odd_status_per_h=0.0)  # fmt: skip
         self.sim = Simulation(world, self.config.sim.seed, start=clock())
         self.wire = SimWire(self.sim, AgentSettings.model_validate(self.config.sim.agents))
-        self.fleet, self.curio, self.store = real_fleet(
+        self.fleet, self.curio, self.store, self.actions = real_fleet(
             sim_settings(self.config.sim.world), journal, self.sim.now, self.wire.seams
         )
         self.wire.attach(InstanceService(self.store, self.sim.now))
@@ -293,6 +293,7 @@ def sim_controller(config: Config, n: int, journal: Journal,
     bench = SimBench(config, n, journal, lambda: clock[0])
     fleet = bench.fleet
     c = Controller(provider=fleet, demand=bench.curio, clock=bench.sim.now,
-                   on_gone=fleet.gone, debounce=sim_settings(config.sim.world).debounce,
+                   actions=bench.actions, on_gone=bench.actions.gone,
+                   debounce=sim_settings(config.sim.world).debounce,
                    **_parts(config, n, journal, bench.spend))  # fmt: skip
     return c, bench

@@ -1,0 +1,81 @@
+"""What the controller does to its real fleet: vast's calls, the agents' commands, Curio's
+drain. The actuator (`controller.fleet.actuator`) calls these; the sensor
+(`controller.fleet.observe.RealFleet`) never does.
+
+- launch, destroy, reboot, find_by_label: vast (a reboot also closes the agent's commands that
+  nobody picked up: the shipped rule reboots on `command_overdue_s`);
+- restart_daemon: a command queued for the instance's agent (pulled on its next heartbeat);
+  without a registered agent, a vast reboot at once;
+- drain: Curio's `unschedulable` on the instance's node;
+- gone: an instance vanished from vast: its agent's records are dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from controller.core.model import Instance
+from controller.fleet.base import LaunchRequest, PermanentProviderError, SensorError
+
+log = logging.getLogger(__name__)
+
+
+class FleetActions:
+    """The acting half of a vast fleet with Curio nodes and fleetgate agents."""
+
+    def __init__(self, *, vast: Any, lifecycle: Any, curio: Any, clock: Callable[[], float],
+                 command_deadline_s: float = 300.0) -> None:  # fmt: skip
+        self.vast = vast
+        self.lifecycle = lifecycle
+        self.curio = curio
+        self.clock = clock
+        self.command_deadline_s = command_deadline_s
+
+    def launch(self, request: LaunchRequest) -> str:
+        return str(self.vast.launch(request))
+
+    def find_by_label(self, label: str) -> Instance | None:
+        found: Instance | None = self.vast.find_by_label(label)
+        return found
+
+    def destroy(self, instance_id: str) -> None:
+        self.vast.destroy(instance_id)
+
+    def reboot(self, instance_id: str) -> None:
+        """Reboot through vast; the agent's commands nobody picked up are closed with it."""
+        self.vast.reboot(instance_id)
+        record = self.lifecycle.resolve(instance_id)
+        if record is None:
+            return
+        now = self.clock()
+        for cmd in self.lifecycle.overdue_commands(now):
+            if cmd.label == record.label:
+                result = {"ok": False, "detail": "not picked up in time: the instance rebooted"}
+                self.lifecycle.complete(cmd.id, result, now)
+
+    def restart_daemon(self, instance_id: str) -> None:
+        """Queue it for the agent; without a registered agent, reboot through vast at once."""
+        record = self.lifecycle.resolve(instance_id)
+        if record is None:
+            log.warning("instance %s has no registered agent: rebooting it instead", instance_id)
+            self.vast.reboot(instance_id)
+            return
+        self.lifecycle.queue_command(record.label, "restart_daemon", self.clock(),
+                                     self.command_deadline_s)  # fmt: skip
+
+    def drain(self, instance_id: str) -> None:
+        record = self.lifecycle.resolve(instance_id)
+        if record is None or not record.host_and_port:
+            raise PermanentProviderError(f"instance {instance_id!r} has no known Curio node")
+        try:
+            self.curio.drain(record.host_and_port)
+        except SensorError as exc:  # not allowed by the config, or Curio unreachable
+            raise PermanentProviderError(f"cannot drain instance {instance_id!r}: {exc}") from exc
+
+    def gone(self, instance_id: str) -> None:
+        """The controller saw this instance vanish from vast: drop what its agent reported."""
+        record = self.lifecycle.resolve(instance_id)
+        if record is not None:
+            self.lifecycle.forget(record.label)
