@@ -74,6 +74,21 @@ def sim_fleet(sim: Simulation, journal: Journal, agents: dict[str, Any] | None =
     from controller.service.fleet_path import real_fleet, sim_settings
 
     wire = SimWire(sim, AgentSettings.model_validate(agents or {}))
-    fleet, curio, store, _ = real_fleet(sim_settings(), journal, sim.now, wire.seams)
+    fleet, curio, store, actions = real_fleet(sim_settings(), journal, sim.now, wire.seams)
     wire.attach(InstanceService(store, sim.now))
-    return fleet, curio, wire
+    return ReadAndAct(fleet, actions), curio, wire
+
+
+class ReadAndAct:
+    """The fleet path's sensor and its actions as one provider (what a test drives by hand)."""
+
+    def __init__(self, sensor: Any, actions: Any) -> None:
+        self.sensor, self.actions = sensor, actions
+
+    def list_instances(self) -> list[Instance]:
+        found: list[Instance] = self.sensor.list_instances()
+        self.sensor.save_learned()
+        return found
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.actions, name)
