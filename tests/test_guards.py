@@ -181,3 +181,16 @@ def test_nothing_is_put_to_a_person_that_would_do_nothing() -> None:
     assert [x.key for x in doubts] == [{"guard": "max_instances"}]  # the cap says so itself
     [d], _ = guards.check([asked], ctx(fact("fleet", active=1)))
     assert d.verdict == "ask"  # one more instance is worth asking about
+
+
+def test_a_host_block_from_any_answer_is_at_most_thirty_days() -> None:
+    """An answer (an LLM's, a button's) that blocks a host "until 2057" is refused at the schema."""
+    import pytest
+
+    from controller.core import actions
+
+    ok = actions.validate("block_host", {"machine": "m1", "for": 30 * 86_400})
+    assert ok["for"] == 30 * 86_400
+    for too_long in (30 * 86_400 + 1, 1e9, float("inf")):
+        with pytest.raises(actions.ActionError):
+            actions.validate("block_host", {"machine": "m1", "for": too_long})

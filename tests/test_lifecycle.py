@@ -79,6 +79,10 @@ def test_an_instance_boots_through_the_api(api: tuple[str, LifecycleStore, Clock
     assert call(base, "nobody/params-done").status_code == 404
     assert call(base, "C.4242/bench-done", {}).status_code == 422
     assert call(base, "C.4242/bench-done", {"rate": -1}).status_code == 422
+    for lie in (1e12, 1e300, 1000.5):  # a self-reported rate that would rank its host first
+        assert call(base, "C.4242/bench-done", {"rate": lie}).status_code == 422
+    assert store.records()["C.4242"].bench_rate == 13.25  # what it reported before stands
+    assert call(base, "register", {"label": "C.77", "min_rate": 1e12}).status_code == 422
 
 
 def test_heartbeat_carries_commands_and_their_results_come_back(

@@ -47,7 +47,9 @@ class Replace(OnInstance):
 class BlockHost(_Params):
     machine: str = Field(min_length=1)
     reason: str = ""
-    for_s: float = Field(default=86_400, gt=0, alias="for")
+    # at most a 30-day block (`controller.core.track.BLOCK_MAX_S`): an answer cannot keep a
+    # host out for decades
+    for_s: float = Field(default=86_400, gt=0, le=30 * 86_400, alias="for")
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 

@@ -57,6 +57,12 @@ LABEL = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$"
 Label = Annotated[str, Path(pattern=LABEL)]
 
 
+# The highest proving rate (proofs an hour) an instance may report of itself: a PoRep SNARK
+# takes minutes on the fastest GPUs, so tens an hour is real; a rate past this is a lie that
+# would rank its host first for every later launch.
+MAX_RATE = 1_000.0
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -64,13 +70,13 @@ class _Body(BaseModel):
 class Registration(_Body):
     label: str = Field(pattern=LABEL)
     vast_id: str | None = Field(None, pattern=r"^[0-9]{1,20}$")
-    min_rate: float | None = Field(None, ge=0, allow_inf_nan=False)
+    min_rate: float | None = Field(None, ge=0, le=MAX_RATE, allow_inf_nan=False)
     host_and_port: str | None = Field(None, min_length=1, max_length=300)
     agent_version: str | None = Field(None, max_length=40)
 
 
 class BenchDone(_Body):
-    rate: float = Field(ge=0, allow_inf_nan=False)
+    rate: float = Field(ge=0, le=MAX_RATE, allow_inf_nan=False)
 
 
 class Heartbeat(_Body):
