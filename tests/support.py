@@ -171,3 +171,14 @@ class FakeClock:
 
     def sleep(self, seconds: float) -> None:
         self.advance(seconds)
+
+
+def record_action(j: Any, now: float, action: str = "reboot", target: str = "instance:7",
+                  **kw: object) -> int:  # fmt: skip
+    """One row in `j.actions` with plain defaults (an executed intent unless `kw` says)."""
+    fields: dict[str, object] = dict(tick_id=1, now=now, action=action, target=target,
+                                     params={}, proposer="p", reason="r", confidence=1.0,
+                                     verdict="act", why="w", status="intent")  # fmt: skip
+    fields.update(kw)
+    row: int = j.actions.record(**fields)
+    return row

@@ -22,67 +22,37 @@ IO = ("time", "datetime", "socket", "ssl", "http", "urllib", "requests", "sqlite
 ROOMS = ("rules", "store", "fleet", "service", "sim", "tools")
 
 # room -> (forbidden import prefixes, allowed exceptions)
+
+
+def rooms(*names: str) -> tuple[str, ...]:
+    """The controller's rooms by short name (`escalation` is its own package)."""
+    return tuple(n if n == "escalation" else f"controller.{n}" for n in names)
+
+
+NETWORK_AND_DATABASE = ("requests", "sqlite3", "psycopg", "socket", "http", "urllib")
+
+# room -> (forbidden import prefixes, allowed exceptions)
 MUST_NOT: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "controller.core": (IO + tuple(f"controller.{r}" for r in ROOMS) + ("escalation",), ()),
+    "controller.core": (IO + rooms(*ROOMS, "escalation"), ()),
     "controller.rules": (
-        (
-            "controller.store",
-            "controller.fleet",
-            "controller.service",
-            "controller.sim",
-            "controller.tools",
-            "escalation",
-            "requests",
-            "sqlite3",
-            "psycopg",
-            "socket",
-            "http",
-            "urllib",
-        ),
+        rooms("store", "fleet", "service", "sim", "tools", "escalation") + NETWORK_AND_DATABASE,
         (),
-    ),  # fmt: skip
+    ),
     "controller.store": (
-        (
-            "controller.rules",
-            "controller.fleet",
-            "controller.service",
-            "controller.sim",
-            "controller.tools",
-            "escalation",
-            "requests",
-            "durable",
-        ),
+        rooms("rules", "fleet", "service", "sim", "tools", "escalation") + ("requests", "durable"),
         (),
-    ),  # fmt: skip
+    ),
     "controller.fleet": (
-        (
-            "controller.core.decide",
-            "controller.core.guards",
-            "controller.rules",
-            "controller.service",
-            "controller.sim",
-            "controller.tools",
-            "escalation",
-            "durable",
-        ),
+        rooms("core.decide", "core.guards", "rules", "service", "sim", "tools", "escalation")
+        + ("durable",),
         (),
-    ),  # fmt: skip
-    "controller.sim": (
-        ("controller.service", "controller.tools", "controller.rules", "escalation", "durable"),
-        (),
-    ),  # fmt: skip
+    ),
+    "controller.sim": (rooms("service", "tools", "rules", "escalation") + ("durable",), ()),
     "controller.service": (("durable", "controller.tools"), ()),
     "escalation": (
-        (
-            "controller.service",
-            "controller.sim",
-            "controller.tools",
-            "controller.fleet",
-            "controller.rules.engine",
-            "durable",
-        ),
+        rooms("service", "sim", "tools", "fleet", "rules.engine") + ("durable",),
         ("controller.fleet.retry",),
-    ),  # fmt: skip
+    ),
 }
 # modules held to more than their room
 EXTRA: dict[str, tuple[str, ...]] = {

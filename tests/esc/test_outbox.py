@@ -231,14 +231,18 @@ def test_an_escalation_resolved_before_its_job_runs_pages_nobody_but_is_resolved
     assert pager.resolved == [esc["id"]]
 
 
+def paging(app: App, *, fail: int) -> tuple[App, Pager, dict[str, Any], float]:
+    """`app` with a pager that fails its first `fail` sends, one escalation raised, and now."""
+    pager = Pager(fail=fail)
+    app.controller.escalator.notifier.channels.append(pager)
+    return app, pager, raised(app), app.controller.clock()
+
+
 def test_a_failed_delivery_is_retried_with_backoff_on_that_channel_only_then_given_up(
     make: Callable[[Config], App], tmp_path: Path
 ) -> None:
-    app = make(config(tmp_path, "  outbox_attempts: 3\n  outbox_backoff_s: 10\n"))
-    pager = Pager(fail=99)
-    app.controller.escalator.notifier.channels.append(pager)
-    esc = raised(app)
-    t = app.controller.clock()
+    app, pager, esc, t = paging(make(config(tmp_path, "  outbox_attempts: 3\n"
+                                            "  outbox_backoff_s: 10\n")), fail=99)  # fmt: skip
     jobs = app.controller.escalator.jobs
     assert app.outbox.work(t) == 1  # the file has it; the pager failed
     assert app.outbox.work(t + 9) == 0  # not due before the backoff
@@ -258,11 +262,7 @@ def test_a_failed_delivery_is_retried_with_backoff_on_that_channel_only_then_giv
 def test_a_delivery_that_fails_once_goes_out_on_the_retry(
     make: Callable[[Config], App], tmp_path: Path
 ) -> None:
-    app = make(config(tmp_path, "  outbox_backoff_s: 5\n"))
-    pager = Pager(fail=1)
-    app.controller.escalator.notifier.channels.append(pager)
-    esc = raised(app)
-    t = app.controller.clock()
+    app, pager, esc, t = paging(make(config(tmp_path, "  outbox_backoff_s: 5\n")), fail=1)
     app.outbox.work(t)
     app.outbox.work(t + 5)
     assert pager.sent == [esc["id"]]
@@ -270,14 +270,17 @@ def test_a_delivery_that_fails_once_goes_out_on_the_retry(
     assert job["outcome"] == "delivered to 2 channel(s)" and job["attempts"] == 2
 
 
+def silent_llm(port: int) -> str:
+    """The escalation config lines of an LLM at `port` that is waited on for a minute."""
+    return (f"  llm: {{base_url: 'http://127.0.0.1:{port}/v1', model: fake-model,\n"
+            "         timeout_s: 60, retries: 0}\n")  # fmt: skip
+
+
 def test_a_cron_step_is_bounded_and_what_the_llm_held_goes_to_people_next_time(
     make: Callable[[Config], App], tmp_path: Path
 ) -> None:
     with Silent() as llm:
-        app = make(config(tmp_path, (
-            f"  llm: {{base_url: 'http://127.0.0.1:{llm.port}/v1', model: fake-model,\n"
-            "         timeout_s: 60, retries: 0}\n  outbox_step_s: 1\n"
-        )))  # fmt: skip
+        app = make(config(tmp_path, silent_llm(llm.port) + "  outbox_step_s: 1\n"))
         esc = raised(app)
         started = time.monotonic()
         app.outbox_step()  # as `fleetgate tick` does after its tick
@@ -298,10 +301,7 @@ def test_a_shutdown_lets_a_hung_job_go_within_its_grace(
     make: Callable[[Config], App], tmp_path: Path
 ) -> None:
     with Silent() as llm:
-        app = make(config(tmp_path, (
-            f"  llm: {{base_url: 'http://127.0.0.1:{llm.port}/v1', model: fake-model,\n"
-            "         timeout_s: 60, retries: 0}\n"
-        )))  # fmt: skip
+        app = make(config(tmp_path, silent_llm(llm.port)))
         worker = app.outbox_thread()
         assert worker is not None
         worker.grace_s = 0.5

@@ -4,20 +4,13 @@ interrupted runs closed once, replacements in flight, the lease's fence."""
 from __future__ import annotations
 
 import pytest
-from support import peer
+from support import peer, record_action
 
 from controller.store.actions import INTERRUPTED_NOTE, Fence
 from controller.store.backend import DuplicateKey, StaleLeader
 from controller.store.journal import Journal
 
-
-def _act(j: Journal, now: float, action: str = "reboot", target: str = "instance:7",
-         **kw: object) -> int:  # fmt: skip
-    fields: dict[str, object] = dict(tick_id=1, now=now, action=action, target=target,
-                                     params={}, proposer="p", reason="r", confidence=1.0,
-                                     verdict="act", why="w", status="intent")  # fmt: skip
-    fields.update(kw)
-    return j.actions.record(**fields)  # type: ignore[arg-type]
+_act = record_action
 
 
 def test_an_intent_is_durable_before_the_result(j: Journal) -> None:

@@ -3,7 +3,7 @@ events, hosts, and the history a tick decides from."""
 
 from __future__ import annotations
 
-from support import peer
+from support import peer, record_action
 
 from controller.core.track import Event, Track
 from controller.store.fleet import HISTORY_WINDOW_S, UPTIME_EVERY
@@ -15,11 +15,7 @@ def _track(i: str, uptime: float, stage: str = "running") -> Track:
 
 
 def _act(j: Journal, now: float, action: str, target: str, **kw: object) -> int:
-    fields: dict[str, object] = dict(tick_id=1, now=now, action=action, target=target,
-                                     params={}, proposer="p", reason="r", confidence=1.0,
-                                     verdict="act", why="w", status="ok")  # fmt: skip
-    fields.update(kw)
-    return j.actions.record(**fields)  # type: ignore[arg-type]
+    return record_action(j, now, action, target, **{"status": "ok", **kw})
 
 
 def test_history_is_rebuilt_from_what_was_stored(j: Journal) -> None:
