@@ -25,6 +25,7 @@ from controller.tools.bench.soak import ChurningFleet
 from controller.tools.bench.tick import (
     PHASES,
     REAL_PHASES,
+    WORLD_PHASES,
     _controller,
     bench_tick,
     render_tick,
@@ -69,6 +70,9 @@ def _check_sizes(doc: dict[str, Any], sizes: list[int], ticks: int) -> None:
         assert sum(r["phases_ms"].values()) == pytest.approx(total, rel=0.1, abs=0.5)
         assert r["ratio"] == pytest.approx(total / r["engine_ms"], rel=0.05)
         assert r["ratio_trivial"] == pytest.approx(total / r["engine_trivial_ms"], rel=0.05)
+        own = sum(v for k, v in r["phases_ms"].items() if k not in WORLD_PHASES)
+        assert 0 < r["own_ms"] < total and r["own_ms"] == pytest.approx(own, rel=0.1, abs=0.5)
+        assert r["own_trivial"] == pytest.approx(r["own_ms"] / r["engine_trivial_ms"], rel=0.05)
         assert r["peak_rss_mb"] > 0
         # one fleet fact, two sensors, two demands, one fact per instance
         assert r["facts"] == r["instances"] + 5
@@ -81,11 +85,12 @@ def test_bench_tick_prints_a_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert lines[0].split()[:3] == ["N", "sense", "vast_list"] and "ratio" in lines[0]
     assert "sim" in lines[0].split() and lines[2].startswith("(real path;")
     assert lines[1].split()[0] == "10"
-    assert len(lines[1].split()) == len(lines[0].split()) - 2  # "x trivial", "RSS MB"
+    # headings of two or three words: "x trivial", "own x trivial", "RSS MB"
+    assert len(lines[1].split()) == len(lines[0].split()) - 4
     synthetic = render_tick(bench_tick(Config(), [10], 1, path="synthetic")).splitlines()
     assert synthetic[0].split()[:3] == ["N", "sense", "history"]
     assert "sim" not in synthetic[0].split() and synthetic[2].startswith("(synthetic path;")
-    assert len(synthetic[1].split()) == len(synthetic[0].split()) - 2
+    assert len(synthetic[1].split()) == len(synthetic[0].split()) - 4
 
 
 def test_bench_tick_rejects_bad_sizes(capsys: pytest.CaptureFixture[str]) -> None:

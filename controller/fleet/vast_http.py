@@ -78,6 +78,7 @@ class VastHTTP:
         self._sleep = sleep
         self._next_slot: dict[str, float] = {}
         self._prepared: dict[Any, requests.PreparedRequest] = {}
+        self._env: dict[str, Any] | None = None  # proxies and CA bundle from the environment
         self._lock = threading.Lock()
 
     @property
@@ -184,9 +185,17 @@ class VastHTTP:
     ) -> requests.Response:
         self._pace(endpoint)
         prepared = self._prepare(method, path, query, body)
-        env = self.session.merge_environment_settings(prepared.url, {}, None, None, None)
         return self.session.send(prepared, timeout=self.settings.timeout_s,
-                                 allow_redirects=False, **env)  # fmt: skip
+                                 allow_redirects=False, **self._environment())  # fmt: skip
+
+    def _environment(self) -> dict[str, Any]:
+        """What `Session.request` takes from the environment (proxies, `REQUESTS_CA_BUNDLE`),
+        read once: every call goes to the one host of `base_url`, and the environment of a
+        running process does not change."""
+        if self._env is None:
+            url = self.settings.base_url
+            self._env = self.session.merge_environment_settings(url, {}, None, None, None)
+        return self._env
 
     def _prepare(self, method: str, path: str, query: dict[str, str] | None,
                  body: Any) -> requests.PreparedRequest:  # fmt: skip

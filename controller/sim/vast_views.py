@@ -31,6 +31,8 @@ _GPU_RAM_MB = {"RTX 4090": 24564, "RTX 5090": 32607, "A100 PCIE": 40960, "H100 S
 _CPU_RAM_MB = (257_000, 386_000, 515_000, 1_031_000)
 _CORES = (32, 48, 64, 128)
 _DISK_GB = (500.0, 1000.0, 2000.0)
+MACHINES_CACHED = 1 << 16  # above the largest world benched (10,000 machines): no thrashing
+ROWS_CACHED = 1 << 14  # instance objects, shared (never mutated): one per instance and state
 _PLACES = ("Sweden, SE", "Texas, US", "Quebec, CA", "Bavaria, DE", "Ontario, CA", "Oregon, US")
 
 
@@ -49,7 +51,7 @@ class Specs:
     geolocation: str
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=MACHINES_CACHED)
 def specs(machine: Machine) -> Specs:
     """The machine's static specs, fixed by its id (a hash, no RNG)."""
     mid = machine.machine_id
@@ -106,6 +108,7 @@ def foreign(inst: ForeignInstance, machine: Machine) -> dict[str, Any]:
     return _row(inst.id, machine, inst.label, inst.status, msg, inst.start_date)
 
 
+@functools.lru_cache(maxsize=ROWS_CACHED)
 def _row(
     iid: str, machine: Machine, label: str, status: str | None, msg: str, start: float
 ) -> dict[str, Any]:
@@ -121,7 +124,7 @@ def _row(
     }  # fmt: skip
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=MACHINES_CACHED)
 def _machine_part(machine: Machine) -> dict[str, Any]:
     """The fields of an instance object that come from its machine (shared: never mutate)."""
     s = specs(machine)

@@ -67,6 +67,10 @@ PHASES = ("sense", "history", "track", "facts", "match", "decide", "guards", "jo
           "escalate", "other")  # fmt: skip
 REAL_PHASES = (PHASES[0], "vast_list", "curio", "health", "records", *PHASES[1:])
 SEAMS = ("vast", "curio", "probes")  # the simulated world's answers, apart (`sim`)
+# Reading the world and changing it: what a fleet of N costs wherever it runs (on vast, 400
+# list pages of 25 at 10,000 instances, about a second apart). The rest is the controller's own
+# work on what it read (`own`): journal history, tracks, facts, match, decide, guards, records.
+WORLD_PHASES = frozenset({"sense", "vast_list", "curio", "health", "records", "act"})
 WARMUP_TICKS = 2
 LARGE = 10_000  # at this size and above, at most LARGE_REPEAT measured ticks
 LARGE_REPEAT = 3
@@ -227,6 +231,8 @@ def _row(n: int, run: _Run, engine: float, trivial: float) -> dict[str, Any]:
     assert last is not None
     median = {k: statistics.median(t[k] for t in run.ticks) for k in (*run.phases, "total")}
     sim = {k: statistics.median(s.get(k, 0.0) for s in run.sim) for k in SEAMS}
+    own = statistics.median(sum(v for k, v in t.items() if k not in WORLD_PHASES | {"total"})
+                            for t in run.ticks)  # fmt: skip
     return {
         "instances": n, "ticks": len(run.ticks), "facts": len(last.facts),
         "matches": len(last.matches), "doubts": len(last.doubts), "events": len(last.events),
@@ -237,6 +243,8 @@ def _row(n: int, run: _Run, engine: float, trivial: float) -> dict[str, Any]:
         "engine_ms": _ms(engine), "engine_trivial_ms": _ms(trivial),
         "ratio": round(median["total"] / engine, 2) if engine > 0 else None,
         "ratio_trivial": round(median["total"] / trivial, 2) if trivial > 0 else None,
+        "own_ms": _ms(own),
+        "own_trivial": round(own / trivial, 2) if trivial > 0 else None,
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "mix": run.mixes[-1], "mix_stable": all(m == run.mixes[0] for m in run.mixes),
         "wire_calls": dict(sorted(run.calls.items())),
@@ -274,11 +282,12 @@ def bench_tick(config: Config, sizes: Sequence[int], repeat: int,
 def render_tick(doc: dict[str, Any]) -> str:
     real = doc.get("path") == "real"
     heads = ["N", *doc["phases"], "total", *(["sim"] if real else []), "engine", "trivial",
-             "ratio", "x trivial", "RSS MB"]  # fmt: skip
+             "ratio", "x trivial", "own", "own x trivial", "RSS MB"]  # fmt: skip
     lines = [[str(r["instances"]), *(f"{r['phases_ms'][p]:.2f}" for p in doc["phases"]),
               f"{r['total_ms']:.2f}", *([f"{sum(r['sim_ms'].values()):.2f}"] if real else []),
               f"{r['engine_ms']:.2f}", f"{r['engine_trivial_ms']:.2f}", f"{r['ratio']}",
-              f"{r['ratio_trivial']}", f"{r['peak_rss_mb']:.1f}"]
+              f"{r['ratio_trivial']}", f"{r['own_ms']:.2f}", f"{r['own_trivial']}",
+              f"{r['peak_rss_mb']:.1f}"]
              for r in doc["sizes"]]  # fmt: skip
     widths = [max(len(h), *(len(row[k]) for row in lines)) for k, h in enumerate(heads)]
     out = ["  ".join(h.rjust(w) for h, w in zip(heads, widths, strict=True))]
@@ -286,7 +295,9 @@ def render_tick(doc: dict[str, Any]) -> str:
     out.append(
         f"({doc.get('path', 'synthetic')} path; ms, median of the measured ticks; "
         f"{doc['warmup_ticks']} warm-up ticks first; engine = shipped rules' match on the same "
-        "facts, trivial = one-rule ruleset; ratio = total / engine, x trivial = total / trivial"
+        "facts, trivial = one-rule ruleset; ratio = total / engine, x trivial = total / trivial; "
+        "own = the total less reading the world (sense, vast_list, curio, health, records) "
+        "and acting on it (act)"
         + ("; sim = of the total, inside the simulated vast, Curio and probes)" if real else ")")
     )
     return "\n".join(out)
