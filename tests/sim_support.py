@@ -64,6 +64,9 @@ class WorldView:
     def drain(self, instance_id: str) -> None:
         self._sim.world.drain(instance_id)
 
+    def undrain(self, instance_id: str) -> None:
+        self._sim.world.undrain(instance_id)
+
     def demand(self) -> list[Demand]:
         return self._sim.world.demand(self._sim.now())
 

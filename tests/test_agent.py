@@ -30,8 +30,9 @@ from controller.store.records import LifecycleStore
 
 AGENT = Path(agent_module.__file__).resolve()
 BIN = Path(sys.executable).parent
-FLEET = "fleet-token-for-agent-tests"
 NOW = 1000.0
+LABELS = ("fg-a1", "fg-3-9-0-abc123", "C.5150")  # what the tests launch (each has a token)
+ISSUED: dict[str, str] = {}  # label -> its instance token, issued by the `store` fixture
 
 FAKE_DAEMON = """\
 import os, time
@@ -121,7 +122,7 @@ class Controller:
 
 def serve(store: LifecycleStore, port: int = 0) -> Server:
     app = create_app(store._j, SecretStr("operator-token"), clock=lambda: NOW)
-    app.include_router(instance_router(store, SecretStr(FLEET), lambda: NOW))
+    app.include_router(instance_router(store, None, lambda: NOW))
     server = Server(app, "127.0.0.1", port)
     server.start()
     return server
@@ -131,7 +132,10 @@ def serve(store: LifecycleStore, port: int = 0) -> Server:
 def store(tmp_path: Path) -> Iterator[LifecycleStore]:
     journal = Journal(tmp_path / "j.db")
     try:
-        yield LifecycleStore(journal)
+        lifecycle = LifecycleStore(journal)
+        ISSUED.clear()
+        ISSUED.update({label: lifecycle.tokens.issue(label, NOW - 200) for label in LABELS})
+        yield lifecycle
     finally:
         journal.close()
 
@@ -145,8 +149,14 @@ def controller(store: LifecycleStore) -> Iterator[Controller]:
         server.stop()
 
 
-def env(url: str, label: str | None = "fg-a1", token: str = FLEET, **extra: str) -> dict[str, str]:
-    out = {"PATH": os.environ.get("PATH", ""), "FLEETGATE_URL": url, "FLEETGATE_FLEET_TOKEN": token}
+def env(
+    url: str, label: str | None = "fg-a1", token: str | None = None, **extra: str
+) -> dict[str, str]:
+    """What a launch gives the container: the URL, the label and the instance's own token (of
+    `label`, else of vast's container label, unless `token` says)."""
+    own = ISSUED.get(label or extra.get("VAST_CONTAINERLABEL", ""), "token-of-no-launch")
+    out = {"PATH": os.environ.get("PATH", ""), "FLEETGATE_URL": url,
+           "FLEETGATE_INSTANCE_TOKEN": own if token is None else token}  # fmt: skip
     if label:
         out["FLEETGATE_LABEL"] = label
     return {**out, **extra}
@@ -191,7 +201,7 @@ def test_a_queued_restart_is_picked_by_one_heartbeat_and_restarts_the_daemon(
     again = agent(env(controller.url), "heartbeat-loop", "--once", "--supervisorctl",
                   supervisord.ctl)  # fmt: skip
     assert again.returncode == 0 and supervisord.pid() == after  # picked once, run once
-    assert FLEET not in out.stderr + out.stdout + again.stderr
+    assert ISSUED["fg-a1"] not in out.stderr + out.stdout + again.stderr
 
 
 def test_a_failed_restart_is_reported_as_not_ok(
@@ -215,7 +225,7 @@ def test_with_the_controller_down_once_exits_cleanly_with_the_reason() -> None:
                 "--supervisorctl", "/bin/false")  # fmt: skip
     assert out.returncode == 3
     assert f"cannot reach the controller at http://127.0.0.1:{port}" in out.stderr
-    assert "Traceback" not in out.stderr and FLEET not in out.stderr
+    assert "Traceback" not in out.stderr and "FLEETGATE_INSTANCE_TOKEN" not in out.stderr
 
 
 def test_the_loop_outlives_a_controller_that_starts_late(store: LifecycleStore) -> None:
@@ -329,14 +339,16 @@ def test_refusals_and_bad_settings_have_their_own_exit_codes(controller: Control
     assert no_label.returncode == 2 and "FLEETGATE_LABEL" in no_label.stderr
     no_url = agent(env("controller:8080"), "register")
     assert no_url.returncode == 2 and "FLEETGATE_URL" in no_url.stderr
-    no_token = agent({**env(controller.url), "FLEETGATE_FLEET_TOKEN": ""}, "register")
-    assert no_token.returncode == 2 and "FLEETGATE_FLEET_TOKEN" in no_token.stderr
+    other = agent(env(controller.url, token=ISSUED["fg-3-9-0-abc123"]), "register", "--once")
+    assert other.returncode == 4 and "HTTP 403" in other.stderr  # another instance's token
+    no_token = agent({**env(controller.url), "FLEETGATE_INSTANCE_TOKEN": ""}, "register")
+    assert no_token.returncode == 2 and "FLEETGATE_INSTANCE_TOKEN" in no_token.stderr
     assert controller.store.records() == {}
 
 
 def test_the_token_may_come_from_a_file(controller: Controller, tmp_path: Path) -> None:
-    (tmp_path / "token").write_text(FLEET + "\n")
-    e = {**env(controller.url, token=""), "FLEETGATE_FLEET_TOKEN_FILE": str(tmp_path / "token")}
+    (tmp_path / "token").write_text(ISSUED["fg-a1"] + "\n")
+    e = {**env(controller.url, token=""), "FLEETGATE_INSTANCE_TOKEN_FILE": str(tmp_path / "token")}
     assert agent(e, "register", "--once").returncode == 0
     assert "fg-a1" in controller.store.records()
 

@@ -141,7 +141,7 @@ demand: curio
 vast: {{api_key: {{env: VAST_API_KEY}}, image: example/cuzk:latest, base_url: '{vast.url}',
         min_interval_s: {{list: 5}}}}
 curio: {{dsn: {{env: CURIO_DSN}}}}
-instances: {{fleet_token: {{env: FLEETGATE_FLEET_TOKEN}}}}
+instances: {{fleet_token: {{env: FLEETGATE_FLEET_TOKEN}}, shared_token_opt_in: true}}
 api: {{token: {{env: FLEETGATE_API_TOKEN}}}}
 escalation: {{channels: [console], llm: {{base_url: 'http://127.0.0.1:9/v1', model: m}}}}
 """
@@ -156,7 +156,7 @@ escalation: {{channels: [console], llm: {{base_url: 'http://127.0.0.1:9/v1', mod
             assert sleeps == [5.0]
             reader: Any = app.controller.escalator.reader
             assert reader._clock is clock and reader._sleep == sleeps.append
-            env = fleet.vast._settings.secret_env  # what every instance's agent gets
+            env = fleet.vast._settings.secret_env  # what every instance gets (the opt-in)
             assert env["FLEETGATE_FLEET_TOKEN"].get_secret_value() == ENV["FLEETGATE_FLEET_TOKEN"]
         finally:
             app.close()

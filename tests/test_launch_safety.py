@@ -60,6 +60,8 @@ class LateFleet:
 
     def drain(self, instance_id: str) -> None: ...
 
+    def undrain(self, instance_id: str) -> None: ...
+
     def demand(self) -> list[Demand]:
         return [Demand("PoRep", self.pending, 0), Demand("all", self.pending, 0)]
 

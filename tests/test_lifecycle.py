@@ -17,8 +17,9 @@ from controller.fleet.instance_api import MAX_BODY_BYTES, MAX_PUSH_LINES, instan
 from controller.service.api import Server, create_app
 from controller.store.records import MAX_LINE_CHARS, LifecycleStore
 
-FLEET = "fleet-token-for-instances"
 OPERATOR = "operator-answer-token"
+LAUNCHED = ("C.4242", "C.77", "fg-a1", "fg-b2")  # the labels the tests' launches issued tokens to
+TOKENS: dict[str, str] = {}  # label -> its instance's own token
 
 
 @pytest.fixture(params=["sqlite", "postgres"])  # the API over either backend
@@ -40,7 +41,9 @@ class Clock:
 def api(store: LifecycleStore) -> Iterator[tuple[str, LifecycleStore, Clock]]:
     clock = Clock(1000.0)
     app = create_app(store._j, SecretStr(OPERATOR), clock=clock)
-    app.include_router(instance_router(store, SecretStr(FLEET), clock))
+    app.include_router(instance_router(store, None, clock))
+    TOKENS.clear()
+    TOKENS.update({label: store.tokens.issue(label, 900.0) for label in LAUNCHED})
     server = Server(app, "127.0.0.1", 0)
     server.start()
     try:
@@ -50,8 +53,13 @@ def api(store: LifecycleStore) -> Iterator[tuple[str, LifecycleStore, Clock]]:
 
 
 def call(
-    base: str, path: str, body: Any = None, token: str | None = FLEET, **kw: Any
+    base: str, path: str, body: Any = None, token: str | None = "own", **kw: Any
 ) -> requests.Response:
+    """POST as an instance: with its own token (`own`: the one of the label called), `token`,
+    or none."""
+    if token == "own":
+        label = (body or {}).get("label", "") if path == "register" else path.split("/")[0]
+        token = TOKENS.get(label, "token-of-no-launch")
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     return requests.post(
         f"{base}/v1/instances/{path}", json=body, headers=headers, timeout=10, **kw
@@ -76,7 +84,8 @@ def test_an_instance_boots_through_the_api(api: tuple[str, LifecycleStore, Clock
     )
     back = call(base, "C.4242/params-done")
     assert back.status_code == 409 and "cannot go back" in back.json()["detail"]
-    assert call(base, "nobody/params-done").status_code == 404
+    assert call(base, "nobody/params-done", token=TOKENS["C.4242"]).status_code == 403
+    assert call(base, "fg-a1/params-done").status_code == 404  # launched, never registered
     assert call(base, "C.4242/bench-done", {}).status_code == 422
     assert call(base, "C.4242/bench-done", {"rate": -1}).status_code == 422
     for lie in (1e12, 1e300, 1000.5):  # a self-reported rate that would rank its host first
@@ -104,7 +113,8 @@ def test_heartbeat_carries_commands_and_their_results_come_back(
     other = call(base, f"fg-b2/commands/{cid}/done", {"ok": False, "detail": ""})
     assert other.status_code == 404
     assert call(base, "fg-a1/commands/999/done", {"ok": True}).status_code == 404
-    assert call(base, "nobody/heartbeat", {}).status_code == 404
+    assert call(base, "nobody/heartbeat", {}).status_code == 401
+    assert call(base, "nobody/heartbeat", {}, token=TOKENS["fg-a1"]).status_code == 403
 
 
 def test_logs_over_http_are_capped_per_push(api: tuple[str, LifecycleStore, Clock]) -> None:
@@ -117,7 +127,7 @@ def test_logs_over_http_are_capped_per_push(api: tuple[str, LifecycleStore, Cloc
     assert too_many.status_code == 422
     huge = call(base, "fg-a1/logs", {"lines": ["z" * (MAX_BODY_BYTES + 10)]})
     assert huge.status_code == 413
-    assert call(base, "nobody/logs", {"lines": ["x"]}).status_code == 404
+    assert call(base, "fg-b2/logs", {"lines": ["x"]}).status_code == 404  # not registered
     assert len(store.logs("fg-a1")) == 2
 
 
@@ -131,23 +141,24 @@ def test_a_chunked_body_over_the_cap_is_refused(api: tuple[str, LifecycleStore, 
             yield b"a" * 65536
         yield b'"]}'
 
-    headers = {"Authorization": f"Bearer {FLEET}", "Content-Type": "application/json"}
+    headers = {"Authorization": f"Bearer {TOKENS['fg-a1']}", "Content-Type": "application/json"}
     r = requests.post(f"{base}/v1/instances/fg-a1/logs", data=chunks(), headers=headers, timeout=10)
     assert r.status_code == 413
 
 
-def test_the_fleet_token_and_the_operator_token_are_not_interchangeable(
+def test_the_instance_tokens_and_the_operator_token_are_not_interchangeable(
     api: tuple[str, LifecycleStore, Clock],
 ) -> None:
     base, store, _ = api
-    for token in (None, "wrong", OPERATOR, f"{FLEET}x"):
+    own = TOKENS["fg-a1"]
+    for token in (None, "wrong", OPERATOR, f"{own}x"):
         r = call(base, "register", {"label": "fg-a1"}, token=token)
-        assert r.status_code == 401 and FLEET not in r.text
+        assert r.status_code == 401 and own not in r.text
     basic = requests.post(f"{base}/v1/instances/register", json={"label": "fg-a1"},
-                          headers={"Authorization": f"Basic {FLEET}"}, timeout=10)  # fmt: skip
+                          headers={"Authorization": f"Basic {own}"}, timeout=10)  # fmt: skip
     assert basic.status_code == 401
     assert store.records() == {}
-    operator_api = requests.get(f"{base}/v1/status", headers={"Authorization": f"Bearer {FLEET}"},
+    operator_api = requests.get(f"{base}/v1/status", headers={"Authorization": f"Bearer {own}"},
                                 timeout=10)  # fmt: skip
     assert operator_api.status_code == 401
 
@@ -165,14 +176,14 @@ def test_the_fleet_token_and_the_operator_token_are_not_interchangeable(
 )
 def test_registration_is_validated(api: tuple[str, LifecycleStore, Clock], body: Any) -> None:
     base, store, _ = api
-    assert call(base, "register", body).status_code == 422
+    assert call(base, "register", body, token=TOKENS["fg-a1"]).status_code == 422
     assert store.records() == {}
 
 
 def test_a_non_json_number_is_refused(api: tuple[str, LifecycleStore, Clock]) -> None:
     base, _, _ = api
     call(base, "register", {"label": "fg-a1"})
-    headers = {"Authorization": f"Bearer {FLEET}", "Content-Type": "application/json"}
+    headers = {"Authorization": f"Bearer {TOKENS['fg-a1']}", "Content-Type": "application/json"}
     r = requests.post(f"{base}/v1/instances/fg-a1/bench-done", data=b'{"rate": NaN}',
                       headers=headers, timeout=10)  # fmt: skip
     assert r.status_code == 422
@@ -186,7 +197,7 @@ def test_a_lying_content_length_is_refused_without_reading(
     with socket.create_connection((host, int(port)), timeout=10) as s:
         s.sendall(
             b"POST /v1/instances/fg-a1/logs HTTP/1.1\r\nHost: x\r\n"
-            + f"Authorization: Bearer {FLEET}\r\n".encode()
+            + f"Authorization: Bearer {TOKENS['fg-a1']}\r\n".encode()
             + f"Content-Length: {MAX_BODY_BYTES * 100}\r\n\r\n".encode()
         )
         assert s.recv(200).startswith(b"HTTP/1.1 413")

@@ -30,7 +30,7 @@ from controller.service.config import parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
 DSN = os.environ.get("FLEETGATE_TEST_PG_DSN", "host=127.0.0.1 port=5432 dbname=test user=postgres")
-FLEET_TOKEN, API_TOKEN = "fleet-token-e2e-123", "api-token-e2e-456"
+API_TOKEN = "api-token-e2e-456"
 
 
 class Cuzk:
@@ -78,8 +78,17 @@ class World:
     labels: dict[int, str] = field(default_factory=dict)  # the container's (FLEETGATE_LABEL)
     flags: bool = True  # agents started with --vast-id and --host-and-port (False: neither)
 
+    def token(self, label: str) -> str:
+        """The instance's own token, from the environment its create gave the container."""
+        for fields in self.vast.instances.values():
+            env = dict(fields.get("extra_env") or [])
+            if env.get("FLEETGATE_LABEL") == label:
+                return str(env["FLEETGATE_INSTANCE_TOKEN"])
+        raise AssertionError(f"no instance was created with label {label!r}")
+
     def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
-        headers = {"Authorization": f"Bearer {FLEET_TOKEN}"}
+        label = (body or {})["label"] if path == "register" else path.split("/")[0]
+        headers = {"Authorization": f"Bearer {self.token(label)}"}
         r = requests.post(f"{self.api}/v1/instances/{path}", json=body or {}, headers=headers,
                           timeout=10)  # fmt: skip
         assert r.status_code == 200, (path, r.status_code, r.text)
@@ -130,7 +139,6 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
     rules = ROOT / "rules"  # the shipped rules as they are; time comes from a fake clock
     monkeypatch.setenv("FG_VAST_KEY", "fake-vast-key-0123456789abcdef")
     monkeypatch.setenv("FG_CURIO_DSN", DSN)
-    monkeypatch.setenv("FG_FLEET_TOKEN", FLEET_TOKEN)
     monkeypatch.setenv("FG_API_TOKEN", API_TOKEN)
     offers = [offer(100 + n, machine_id=n + 1, dph=0.40 + n / 100) for n in range(12)]
     with FakeVast(offers=offers, boot_s=30, load_s=60) as vast, CurioDB(DSN) as db:
@@ -149,7 +157,7 @@ vast:
   backoff_s: 0.01
   min_interval_s: {{list: 0, create: 0, destroy: 0, search: 0, other: 0}}
 curio: {{dsn: {{env: FG_CURIO_DSN}}, schema_name: '{db.schema}', allow_drain: true}}
-instances: {{fleet_token: {{env: FG_FLEET_TOKEN}}, health_timeout_s: 2, command_deadline_s: 1,
+instances: {{health_timeout_s: 2, command_deadline_s: 1,
              health_failures_to_down: 2, health_down_after_s: 0}}
 api: {{listen: '127.0.0.1:{port}', token: {{env: FG_API_TOKEN}}}}
 guards: {{scale_down_delay_after_up_s: 0, cooldowns_s: {{restart_daemon: 0}}}}

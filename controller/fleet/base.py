@@ -9,7 +9,7 @@ ProviderError
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from controller.core.model import Demand, Instance
@@ -52,6 +52,8 @@ class LaunchRequest:
     exclude_machines: frozenset[str] = frozenset()
     prefer_rates: tuple[tuple[str, float], ...] = ()  # (machine_id, measured proofs/hour)
     max_dph: float | None = None
+    # what this launch alone puts in the instance's environment (its own token): never shown
+    env: tuple[tuple[str, str], ...] = field(default=(), repr=False, compare=False)
 
 
 class Actuated(Protocol):
@@ -71,6 +73,10 @@ class Actuated(Protocol):
 
     def drain(self, instance_id: str) -> None:
         """Mark the instance's Curio node unschedulable (it takes no new tasks)."""
+        ...
+
+    def undrain(self, instance_id: str) -> None:
+        """Clear the instance's Curio node's unschedulable mark (it takes tasks again)."""
         ...
 
 

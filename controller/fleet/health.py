@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import requests
 import urllib3.exceptions
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.core.fields import Secret
 
@@ -40,7 +40,16 @@ class InstancesSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    fleet_token: Secret = Field(description="the token instance agents present (a secret)")
+    fleet_token: Secret | None = Field(
+        None,
+        description="a token shared by the fleet, accepted only with shared_token_opt_in "
+        "(a secret; each instance has its own token without it)",
+    )
+    shared_token_opt_in: bool = Field(
+        False,
+        description="also accept fleet_token from any launched instance (weaker: any "
+        "instance can then act as any other)",
+    )
     health_port: int = Field(
         STATUS_PORT, gt=0, lt=65536, description="cuzk's status port in the container"
     )
@@ -55,6 +64,12 @@ class InstancesSettings(BaseModel):
     command_deadline_s: float = Field(
         300.0, gt=0, description="an agent command not picked up by then becomes a vast reboot"
     )
+
+    @model_validator(mode="after")
+    def _shared_needs_token(self) -> InstancesSettings:
+        if self.shared_token_opt_in and self.fleet_token is None:
+            raise ValueError("shared_token_opt_in: true needs fleet_token, the token to share")
+        return self
 
 
 @dataclass(frozen=True)

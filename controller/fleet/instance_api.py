@@ -11,27 +11,44 @@
     POST /v1/instances/{label}/commands/{id}/done {ok, detail}
     POST /v1/instances/{label}/logs               {lines: [...]}  (at most MAX_PUSH_LINES)
 
-Every call needs `Authorization: Bearer <fleet token>`, compared in constant time: one token
-shared by the fleet's instances, distinct from the operator's API token (an instance holds it
-in its environment, so it must never answer escalations). Unknown label or command: 404; a stage
-earlier than the recorded one: 409; a body over MAX_BODY_BYTES: 413 before it is parsed; an
-invalid body: 422 naming the fields, without echoing the input.
+Every call authenticates as exactly one instance: `Authorization: Bearer <instance token>`,
+the secret its launch put in its environment (`FLEETGATE_INSTANCE_TOKEN`; the journal keeps
+only its hash, `controller.store.instance_tokens`). The token names one launch label, and a
+call reaches only that label's records and commands: another label in the path or the body is
+403 and changes nothing. A label fleetgate did not launch has no token, so it can never
+register; a forgotten instance's token stops working. The operator's API token is never an
+instance token (an instance holds its own in its environment, so it must never answer
+escalations).
+
+With `instances.shared_token_opt_in: true` the configured `instances.fleet_token`, shared by
+the fleet, is also accepted, for any launched label: the weaker set-up of earlier versions
+(any instance can then act as any other), warned about at start.
+
+Registrations, log pushes and the other calls are rate-limited per instance (token buckets,
+`RateLimits`, refilled by the injected clock): over the limit is 429, which the agent retries
+later. Unknown or missing token: 401; unknown command: 404; a stage earlier than the recorded
+one, or a vast id another instance holds: 409; a body over MAX_BODY_BYTES: 413 before it is
+parsed; an invalid body: 422 naming the fields, without echoing the input.
 
 Bodies ignore unknown fields: an agent on an instance image may be newer than the controller,
 and a refused registration would get a healthy instance destroyed.
 
-`InstanceService` is what each call does once its body is parsed; the routes are its HTTP
-side, and the simulator's agents call it directly (the simulator replaces only the HTTP hop).
+`InstanceService` is what each call does once its body is parsed, given the caller's bearer
+token; the routes are its HTTP side, and the simulator's agents call it directly with their
+own instance's token (the simulator replaces only the HTTP hop).
 
-This module must NOT decide anything about an instance: it validates, stores, and answers.
+This module must NOT decide anything about an instance: it authenticates, validates, stores,
+and answers.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
+import threading
 from collections import Counter
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Path, Request, Response
@@ -46,6 +63,7 @@ from controller.store.records import (
     StageOrderError,
     UnknownCommand,
     UnknownInstance,
+    VastIdTaken,
 )
 
 log = logging.getLogger(__name__)
@@ -141,120 +159,222 @@ class InstanceAPIError(Exception):
         self.status = status
 
 
-class InstanceService:
-    """What each instance API call does, after its body is parsed: the routes below call it,
-    and so do the simulator's agents (which replace only the HTTP hop). Errors are
-    `InstanceAPIError` with the status the route answers; `calls` counts calls by name."""
+@dataclass(frozen=True)
+class Bucket:
+    """A token bucket: `burst` calls at once, then one every `every_s` seconds."""
 
-    def __init__(self, store: LifecycleStore, clock: Callable[[], float]) -> None:
+    burst: float
+    every_s: float
+
+
+@dataclass(frozen=True)
+class RateLimits:
+    """Per instance. The agent registers once per boot (retrying on 429), pushes a batch of
+    log lines every few seconds and heartbeats every 30 s."""
+
+    register: Bucket = Bucket(5, 60.0)
+    logs: Bucket = Bucket(30, 1.0)
+    other: Bucket = Bucket(60, 0.5)  # stages, heartbeats, command results
+
+
+class _Buckets:
+    """The token buckets of every (instance, kind); `now` comes in."""
+
+    def __init__(self, limits: RateLimits) -> None:
+        self.limits = limits
+        self._level: dict[tuple[str, str], tuple[float, float]] = {}  # -> (tokens, at)
+        self._lock = threading.Lock()
+
+    def take(self, label: str, kind: str, now: float) -> bool:
+        bucket: Bucket = getattr(self.limits, kind)
+        with self._lock:
+            tokens, at = self._level.get((label, kind), (bucket.burst, now))
+            tokens = min(bucket.burst, tokens + max(0.0, now - at) / bucket.every_s)
+            if tokens < 1:
+                self._level[(label, kind)] = (tokens, now)
+                return False
+            self._level[(label, kind)] = (tokens - 1, now)
+            return True
+
+    def drop(self, label: str) -> None:
+        with self._lock:
+            for key in [k for k in self._level if k[0] == label]:
+                del self._level[key]
+
+
+class InstanceService:
+    """What each instance API call does, after its body is parsed, for the caller holding
+    `token`: the routes below call it, and so do the simulator's agents (which replace only
+    the HTTP hop). Errors are `InstanceAPIError` with the status the route answers; `calls`
+    counts calls by name, `refused` refusals by status."""
+
+    def __init__(
+        self,
+        store: LifecycleStore,
+        clock: Callable[[], float],
+        *,
+        shared_token: SecretStr | None = None,
+        limits: RateLimits | None = None,
+    ) -> None:
         self.store = store
         self.clock = clock
+        self._shared = shared_token.get_secret_value().encode() if shared_token else None
+        self._buckets = _Buckets(limits or RateLimits())
         self.calls: Counter[str] = Counter()
+        self.refused: Counter[int] = Counter()
 
-    def register(self, body: Registration) -> dict[str, Any]:
+    # ---- who is calling ------------------------------------------------------------------
+    def identify(self, token: str) -> str | None:
+        """The launch label `token` belongs to; SHARED for the opted-in fleet token; else None."""
+        if self._shared is not None and hmac.compare_digest(token.encode(), self._shared):
+            return SHARED
+        return self.store.tokens.label_for(token)
+
+    def _caller(self, token: str, label: str, kind: str) -> str:
+        """The label the call acts on, once `token` may act on it and its bucket allows."""
+        who = self.identify(token)
+        if who is None:
+            raise self._refuse(401, "a valid instance bearer token is required")
+        if who == SHARED:
+            if not self.store.tokens.launched(label):
+                raise self._refuse(403, f"label {label!r} was not launched by fleetgate")
+        elif who != label:
+            raise self._refuse(403, f"this token is not instance {label!r}'s")
+        if not self._buckets.take(label, kind, self.clock()):
+            raise self._refuse(429, f"instance {label!r}: too many {kind} calls; try later")
+        return label
+
+    def _refuse(self, status: int, message: str) -> InstanceAPIError:
+        self.refused[status] += 1
+        return InstanceAPIError(status, message)
+
+    # ---- the calls -----------------------------------------------------------------------
+    def register(self, token: str, body: Registration) -> dict[str, Any]:
         self.calls["register"] += 1
-        record = self.store.register(body.label, body.vast_id, body.min_rate, body.host_and_port,
-                                     self.clock(), agent_version=body.agent_version)  # fmt: skip
+        label = self._caller(token, body.label, "register")
+        bound = self.store.tokens.vast_id(label)
+        if bound is not None and body.vast_id not in (None, bound):
+            raise self._refuse(409, f"instance {label!r} is vast instance {bound}, not another")
+        try:
+            record = self.store.register(label, bound or body.vast_id, body.min_rate,
+                                         body.host_and_port, self.clock(),
+                                         agent_version=body.agent_version)  # fmt: skip
+        except VastIdTaken as exc:
+            raise self._refuse(409, str(exc)) from exc
         log.info("instance %s registered (vast id %s)", record.label, record.vast_id)
         return {"label": record.label, "stage": record.stage}
 
-    def advance(self, label: str, stage: str, rate: float | None = None) -> dict[str, Any]:
+    def advance(self, token: str, label: str, stage: str,
+                rate: float | None = None) -> dict[str, Any]:  # fmt: skip
         self.calls[stage] += 1
+        self._caller(token, label, "other")
         try:
             record = self.store.advance(label, stage, self.clock(), bench_rate=rate)
         except UnknownInstance as exc:
-            raise InstanceAPIError(404, str(exc)) from exc
+            raise self._refuse(404, str(exc)) from exc
         except StageOrderError as exc:
-            raise InstanceAPIError(409, str(exc)) from exc
+            raise self._refuse(409, str(exc)) from exc
         log.debug("instance %s reported stage %s (rate %s)", label, stage, rate)
         return {"label": label, "stage": record.stage}
 
-    def heartbeat(self, label: str, body: Heartbeat) -> dict[str, Any]:
+    def heartbeat(self, token: str, label: str, body: Heartbeat) -> dict[str, Any]:
         self.calls["heartbeat"] += 1
+        self._caller(token, label, "other")
         try:
             picked = self.store.heartbeat(label, self.clock(), body.daemon_uptime_s,
                                           body.daemon_state)  # fmt: skip
         except UnknownInstance as exc:
-            raise InstanceAPIError(404, str(exc)) from exc
+            raise self._refuse(404, str(exc)) from exc
         for c in picked:
             log.info("instance %s picked command #%d %s", label, c.id, c.command)
         return {"commands": [{"id": c.id, "command": c.command} for c in picked]}
 
-    def command_done(self, label: str, command_id: int, body: CommandDone) -> dict[str, Any]:
+    def command_done(self, token: str, label: str, command_id: int,
+                     body: CommandDone) -> dict[str, Any]:  # fmt: skip
         self.calls["command_done"] += 1
+        self._caller(token, label, "other")
         result = {"ok": body.ok, "detail": body.detail}
         try:
             recorded = self.store.complete(command_id, result, self.clock(), label=label)
         except UnknownCommand as exc:
-            raise InstanceAPIError(404, str(exc)) from exc
+            raise self._refuse(404, str(exc)) from exc
         log.info("instance %s command #%d done: ok=%s", label, command_id, body.ok)
         return {"recorded": recorded}
 
-    def logs(self, label: str, body: Logs) -> dict[str, Any]:
+    def logs(self, token: str, label: str, body: Logs) -> dict[str, Any]:
         self.calls["logs"] += 1
+        self._caller(token, label, "logs")
         try:
             kept = self.store.push_logs(label, body.lines, self.clock())
         except UnknownInstance as exc:
-            raise InstanceAPIError(404, str(exc)) from exc
+            raise self._refuse(404, str(exc)) from exc
         return {"kept": kept}
+
+
+SHARED = "\x00shared"  # identify()'s answer for the opted-in fleet token: never a label
 
 
 def instance_router(
     store: LifecycleStore | InstanceService,
-    fleet_token: SecretStr,
+    shared_token: SecretStr | None = None,
     clock: Callable[[], float] | None = None,
 ) -> APIRouter:
-    """The instance API over a service (or a store and clock), for `app.include_router(...)`."""
+    """The instance API over a service (or a store and clock), for `app.include_router(...)`.
+    `shared_token` is accepted too only when the operator opted in to a shared fleet token."""
     if isinstance(store, InstanceService):
         service = store
     else:
         assert clock is not None, "a LifecycleStore needs the clock"
-        service = InstanceService(store, clock)
-    expected = fleet_token.get_secret_value().encode()
+        service = InstanceService(store, clock, shared_token=shared_token)
 
-    def authorized(authorization: str = Header(default="")) -> None:
+    def bearer(authorization: str = Header(default="")) -> str:
+        """The caller's token; 401 at once when it is nobody's (before the body is read)."""
         scheme, _, given = authorization.partition(" ")
-        given_b = given.encode() if scheme.lower() == "bearer" else b""
-        if not hmac.compare_digest(given_b, expected):
-            raise HTTPException(401, "a valid fleet bearer token is required",
+        token = given.strip() if scheme.lower() == "bearer" else ""
+        if not token or service.identify(token) is None:
+            service.refused[401] += 1
+            raise HTTPException(401, "a valid instance bearer token is required",
                                 headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+        return token
 
-    router = APIRouter(
-        prefix="/v1/instances", dependencies=[Depends(authorized)], route_class=_CappedRoute
-    )
+    authenticated = Depends(bearer)
+    router = APIRouter(prefix="/v1/instances", route_class=_CappedRoute)
 
     def call(do: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         try:
             return do()
         except InstanceAPIError as exc:
-            raise HTTPException(exc.status, str(exc)) from exc
+            headers = {"Retry-After": "5"} if exc.status == 429 else None
+            raise HTTPException(exc.status, str(exc), headers=headers) from exc
 
     @router.post("/register")
-    def register(body: Registration) -> dict[str, Any]:
-        return call(lambda: service.register(body))
+    def register(body: Registration, token: str = authenticated) -> dict[str, Any]:
+        return call(lambda: service.register(token, body))
 
     @router.post("/{label}/params-done")
-    def params_done(label: Label) -> dict[str, Any]:
-        return call(lambda: service.advance(label, "params"))
+    def params_done(label: Label, token: str = authenticated) -> dict[str, Any]:
+        return call(lambda: service.advance(token, label, "params"))
 
     @router.post("/{label}/bench-done")
-    def bench_done(label: Label, body: BenchDone) -> dict[str, Any]:
-        return call(lambda: service.advance(label, "bench", body.rate))
+    def bench_done(label: Label, body: BenchDone, token: str = authenticated) -> dict[str, Any]:
+        return call(lambda: service.advance(token, label, "bench", body.rate))
 
     @router.post("/{label}/running")
-    def running(label: Label) -> dict[str, Any]:
-        return call(lambda: service.advance(label, "running"))
+    def running(label: Label, token: str = authenticated) -> dict[str, Any]:
+        return call(lambda: service.advance(token, label, "running"))
 
     @router.post("/{label}/heartbeat")
-    def heartbeat(label: Label, body: Heartbeat | None = None) -> dict[str, Any]:
-        return call(lambda: service.heartbeat(label, body or Heartbeat()))
+    def heartbeat(label: Label, token: str = authenticated,
+                  body: Heartbeat | None = None) -> dict[str, Any]:  # fmt: skip
+        return call(lambda: service.heartbeat(token, label, body or Heartbeat()))
 
     @router.post("/{label}/commands/{command_id}/done")
-    def command_done(label: Label, command_id: int, body: CommandDone) -> dict[str, Any]:
-        return call(lambda: service.command_done(label, command_id, body))
+    def command_done(label: Label, command_id: int, body: CommandDone,
+                     token: str = authenticated) -> dict[str, Any]:  # fmt: skip
+        return call(lambda: service.command_done(token, label, command_id, body))
 
     @router.post("/{label}/logs")
-    def logs(label: Label, body: Logs) -> dict[str, Any]:
-        return call(lambda: service.logs(label, body))
+    def logs(label: Label, body: Logs, token: str = authenticated) -> dict[str, Any]:
+        return call(lambda: service.logs(token, label, body))
 
     return router

@@ -194,7 +194,8 @@ class VastProvider:
                      offer.get("machine_id"), offer.get("dph_total"))  # fmt: skip
             used = True  # rented, taken by somebody else, or perhaps rented: not to be tried again
             try:
-                return self._client.create(offer_id, request.label, price=price)
+                return self._client.create(offer_id, request.label, price=price,
+                                           env=dict(request.env))  # fmt: skip
             except OfferGone:
                 gone.append(offer_id)
                 log.info("vast: offer %r was taken; trying the next for %r", offer_id,
@@ -273,3 +274,6 @@ class VastProvider:
 
     def drain(self, instance_id: str) -> None:
         raise PermanentProviderError("vast cannot drain an instance; Curio does (unschedulable)")
+
+    def undrain(self, instance_id: str) -> None:
+        raise PermanentProviderError("vast cannot undrain an instance; Curio does (unschedulable)")

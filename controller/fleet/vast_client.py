@@ -146,7 +146,8 @@ class VastClient:
 
     # ---- the create ----------------------------------------------------------------------
 
-    def create(self, offer_id: int, label: str, *, price: float | None = None) -> str:
+    def create(self, offer_id: int, label: str, *, price: float | None = None,
+               env: Mapping[str, str] | None = None) -> str:  # fmt: skip
         """Rent offer `offer_id` as an instance labelled `label`; its id (vast's new_contract).
 
         Sent once, never retried. OfferGone when the offer was taken; CreateOutcomeUnknown when
@@ -158,7 +159,7 @@ class VastClient:
             # can be empty even when the container's is set)
             "client_id": "me", "image": s.image,
             "env": {**s.env, **{k: v.get_secret_value() for k, v in s.secret_env.items()},
-                    "FLEETGATE_LABEL": label},
+                    **(env or {}), "FLEETGATE_LABEL": label},
             "disk": s.disk_gb,
             "label": label, "onstart": s.onstart, "runtype": s.runtype,
         }  # fmt: skip

@@ -8,6 +8,7 @@ Nothing here reads the clock or sleeps: both come in with the wire.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,9 @@ from controller.sim.wire import Seams
 from controller.store.journal import Journal
 from controller.store.records import LifecycleStore
 
-TOKEN_ENV = "FLEETGATE_FLEET_TOKEN"  # how every instance gets the token its agent presents
+SHARED_TOKEN_ENV = "FLEETGATE_FLEET_TOKEN"  # the opted-in shared token, in every create's env
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -47,8 +50,22 @@ class FleetSettings:
 def vast_settings(
     vast: VastSettings, curio: CurioSettings, instances: InstancesSettings
 ) -> FleetSettings:
-    """Provider vast: the config's sections; every create also gets the fleet token."""
-    env = {**vast.secret_env, TOKEN_ENV: instances.fleet_token}
+    """Provider vast: the config's sections. Each launch gives its instance its own token
+    (`FleetActions.launch`); with `instances.shared_token_opt_in` every create also gets the
+    shared fleet token, and that weaker set-up is warned about."""
+    if instances.fleet_token is None:
+        return FleetSettings(vast, curio, instances)
+    if not instances.shared_token_opt_in:
+        log.warning(
+            "instances.fleet_token is ignored: every instance authenticates with its "
+            "own token (set instances.shared_token_opt_in: true to accept a shared one)"
+        )
+        return FleetSettings(vast, curio, instances)
+    log.warning(
+        "instances.shared_token_opt_in: the instance API also accepts the shared fleet "
+        "token, with which any instance can act as any other"
+    )
+    env = {**vast.secret_env, SHARED_TOKEN_ENV: instances.fleet_token}
     return FleetSettings(vast.model_copy(update={"secret_env": env}), curio, instances)
 
 
@@ -63,7 +80,7 @@ def sim_settings(world: Mapping[str, Any] | None = None) -> FleetSettings:
     curio = CurioSettings.model_validate(
         {"dsn": SecretStr(sim_wire.CURIO_DSN), "allow_drain": True, **tasks}
     )
-    return FleetSettings(vast, curio, InstancesSettings(fleet_token=SecretStr("sim")))
+    return FleetSettings(vast, curio, InstancesSettings())
 
 
 class Launched:

@@ -49,6 +49,9 @@ class Account:
     foreign: dict[str, ForeignInstance] = field(default_factory=dict)
     api_labels: dict[str, str] = field(default_factory=dict)  # labels set through the API
     hidden_until: dict[str, float] = field(default_factory=dict)  # creates not listed yet
+    # the fleetgate settings each create put in its container's environment (FLEETGATE_*):
+    # what the instance's agent reads, as a real container's does
+    env: dict[str, dict[str, str]] = field(default_factory=dict)
     wire_calls: int = 0
     foreign_destroyed: int = 0
 
@@ -76,8 +79,9 @@ class Account:
         if not data:
             return cls()
         foreign = {k: ForeignInstance(**v) for k, v in data["foreign"].items()}
+        env = {k: dict(v) for k, v in (data.get("env") or {}).items()}
         return cls(**{**data, "foreign": foreign, "api_labels": dict(data["api_labels"]),
-                      "hidden_until": dict(data["hidden_until"])})  # fmt: skip
+                      "hidden_until": dict(data["hidden_until"]), "env": env})  # fmt: skip
 
     def busy_machines(self) -> frozenset[str]:
         """Machines held by foreign instances (not offered)."""
@@ -106,6 +110,18 @@ class Account:
         """A world instance was destroyed: drop what the account kept about it."""
         self.api_labels.pop(instance_id, None)
         self.hidden_until.pop(instance_id, None)
+        self.env.pop(instance_id, None)
+
+    def keep_env(self, instance_id: str, env: object) -> None:
+        """What of a create's `env` the container's agent reads (the FLEETGATE_* strings)."""
+        if isinstance(env, dict):
+            kept = {
+                k: v
+                for k, v in env.items()
+                if isinstance(k, str) and k.startswith("FLEETGATE_") and isinstance(v, str)
+            }
+            if kept:
+                self.env[instance_id] = kept
 
     def destroy_foreign(self, instance_id: str) -> None:
         """Somebody destroyed an instance fleetgate does not own (counted for the tests)."""

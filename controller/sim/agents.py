@@ -7,14 +7,18 @@ controller queued. `SimAgents.step(now)` does the same for every simulated insta
 container runs, with the same bodies, through `InstanceService` (the instance API minus its
 HTTP hop). Like real agents, some are configured differently:
 
-- an agent set up as the README says knows its launch label (`FLEETGATE_LABEL`) and, when vast
-  set `VAST_CONTAINERLABEL`, its vast id; `vast_id_fraction` of them send it;
+- an agent set up as the README says knows its launch label (`FLEETGATE_LABEL`), its own
+  token (`FLEETGATE_INSTANCE_TOKEN`: both from the create's env, `World.account.env`) and, when
+  vast set `VAST_CONTAINERLABEL`, its vast id; `vast_id_fraction` of them send it;
 - `host_and_port_fraction` were started with `--host-and-port` (the others leave it to the
   controller to find their Curio node);
 - `late_register_fraction` register minutes late, `never_register_fraction` never do.
 
 Each instance's kind of agent is drawn from a private RNG seeded by the seed and the instance
 id, so it neither changes nor depends on the world's random draws.
+
+Every call carries the instance's own token, as the real agent's bearer token; an instance
+whose environment holds none gets 401s, as a real one would.
 
 Must not: read or write the controller's journal except through `InstanceService`, decide
 anything for the controller, read the wall clock.
@@ -40,6 +44,7 @@ from controller.fleet.instance_api import (
     Registration,
 )
 from controller.sim import addresses
+from controller.store.instance_tokens import TOKEN_ENV
 
 if TYPE_CHECKING:
     from controller.sim.instance import SimInstance
@@ -158,17 +163,23 @@ class SimAgents:
                 return
             agent.reported += 1
 
+    def _token(self, inst: SimInstance) -> str:
+        """The token in the instance's environment (its create's env), as the agent reads it."""
+        return self.world.account.env.get(inst.id, {}).get(TOKEN_ENV, "")
+
     def _send(self, inst: SimInstance, agent: AgentState, call: str) -> dict[str, Any]:
+        token = self._token(inst)
         if call == "register":
             body = {"label": inst.label, "min_rate": None, "agent_version": VERSION,
                     "vast_id": inst.id if agent.vast_id else None,
                     "host_and_port": addresses.curio_node(inst.id, inst.machine_id)
                     if agent.host_and_port else None}  # fmt: skip
-            return self.service.register(Registration.model_validate(body))
+            return self.service.register(token, Registration.model_validate(body))
         if call == "bench-done":
             rate = BenchDone.model_validate({"rate": inst.bench_rate or 0.0}).rate
-            return self.service.advance(inst.label, "bench", rate)
-        return self.service.advance(inst.label, "params" if call == "params-done" else call)
+            return self.service.advance(token, inst.label, "bench", rate)
+        stage = "params" if call == "params-done" else call
+        return self.service.advance(token, inst.label, stage)
 
     def _heartbeat(self, inst: SimInstance, now: float) -> None:
         up = inst.daemon == "up"
@@ -178,7 +189,8 @@ class SimAgents:
                 "daemon_state": "RUNNING" if up else "FATAL",
             }
         )
-        reply = self._call(inst, lambda: self.service.heartbeat(inst.label, body))
+        token = self._token(inst)
+        reply = self._call(inst, lambda: self.service.heartbeat(token, inst.label, body))
         for command in (reply or {}).get("commands", []):
             self._execute(inst, int(command["id"]), str(command["command"]), now)
 
@@ -189,7 +201,8 @@ class SimAgents:
         else:
             result = {"ok": False, "detail": f"unknown command {command!r}"}
         done = CommandDone.model_validate(result)
-        self._call(inst, lambda: self.service.command_done(inst.label, command_id, done))
+        token = self._token(inst)
+        self._call(inst, lambda: self.service.command_done(token, inst.label, command_id, done))
 
     @staticmethod
     def _call(inst: SimInstance, do: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:

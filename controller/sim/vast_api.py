@@ -18,6 +18,8 @@ Every call needs `Authorization: Bearer <api_key>` (else 401). The account's for
 empty API labels and late creates live in `World.account`; wire faults (SimConfig
 `vast_*_fraction`, `create_*_fraction`) and late-create delays are drawn per call from an RNG
 seeded by the world's salt and the call counter in the world's state, never the world's RNG.
+A create's `env` (its FLEETGATE_* values, among them the instance's own token) is kept in
+`World.account.env` for the container's agent, as a real container's environment holds it.
 
 Must not decide anything about the fleet; no sockets, no threads, no wall clock: time is the
 `now` it is given.
@@ -190,6 +192,7 @@ class SimVastAPI(BaseAdapter):
         if draw.create < failed:
             return 500, error("server_error", "Internal server error")
         instance_id = world.launch_on(machine_id, label, now)
+        world.account.keep_env(instance_id, body.get("env"))
         low, high = cfg.late_create_s
         if high > 0:
             world.account.hidden_until[instance_id] = now + low + (high - low) * draw.late

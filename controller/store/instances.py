@@ -14,6 +14,7 @@ from typing import Any
 LIFECYCLE_STAGES = ("registered", "params", "bench", "running")
 COMMANDS = ("restart_daemon",)
 MAX_LOG_LINES = 500  # kept per instance; older lines are dropped
+MAX_LOG_CHARS = 128 * 1024  # ...and at most this many characters of them
 MAX_LINE_CHARS = 2000
 
 SCHEMA = (
@@ -41,7 +42,8 @@ class LifecycleError(Exception):
     LifecycleError
     ├── UnknownInstance   no record has that label (the agent never registered)
     ├── UnknownCommand    no command has that id (for that instance)
-    └── StageOrderError   a stage earlier than the one recorded
+    ├── StageOrderError   a stage earlier than the one recorded
+    └── VastIdTaken       a vast id another instance's record already holds
     """
 
 
@@ -54,6 +56,10 @@ class UnknownCommand(LifecycleError):
 
 
 class StageOrderError(LifecycleError):
+    pass
+
+
+class VastIdTaken(LifecycleError):
     pass
 
 

@@ -15,6 +15,11 @@ allowed, so an agent that lost one report can still go on; a repeated report cha
     bench       the benchmark is done (`bench_rate`, proofs/hour); Curio is starting
     running     serving proofs
 
+Each instance authenticates with its own token (`controller/store/instance_tokens.py`, issued
+at launch): `tokens` holds them, and forgetting an instance revokes its token. Log lines are a
+bounded buffer per instance (the last MAX_LOG_LINES, at most MAX_LOG_CHARS of text); older
+lines are dropped.
+
 Tables (`controller/store/instances.py`) live in the journal's database and are created here,
 on its store. This module must NOT do HTTP, read the clock (every `now` is passed in) or decide
 anything about an instance: it stores what instances said, and what was asked of them.
@@ -26,10 +31,12 @@ from typing import Any
 
 from controller.store.aggregate import Aggregate, dumps
 from controller.store.backend import Tx
+from controller.store.instance_tokens import InstanceTokens
 from controller.store.instances import (
     COMMANDS,
     LIFECYCLE_STAGES,
     MAX_LINE_CHARS,
+    MAX_LOG_CHARS,
     MAX_LOG_LINES,
     SCHEMA,
     Command,
@@ -39,6 +46,7 @@ from controller.store.instances import (
     StageOrderError,
     UnknownCommand,
     UnknownInstance,
+    VastIdTaken,
     command_of,
     sanitize,
     vast_id_of,
@@ -46,9 +54,9 @@ from controller.store.instances import (
 from controller.store.journal import Journal
 
 __all__ = [
-    "COMMANDS", "LIFECYCLE_STAGES", "MAX_LINE_CHARS", "MAX_LOG_LINES", "Command",
-    "LifecycleError", "LifecycleStore", "LogLine", "Record", "StageOrderError", "UnknownCommand",
-    "UnknownInstance", "sanitize", "vast_id_of",
+    "COMMANDS", "LIFECYCLE_STAGES", "MAX_LINE_CHARS", "MAX_LOG_CHARS", "MAX_LOG_LINES",
+    "Command", "LifecycleError", "LifecycleStore", "LogLine", "Record", "StageOrderError",
+    "UnknownCommand", "UnknownInstance", "VastIdTaken", "sanitize", "vast_id_of",
 ]  # fmt: skip
 
 
@@ -59,6 +67,7 @@ class LifecycleStore(Aggregate):
         super().__init__(journal.store)
         self._j = journal
         journal.store.create(SCHEMA)
+        self.tokens = InstanceTokens(journal.store)
 
     # ---- records ---------------------------------------------------------------------------
     def register(
@@ -70,9 +79,17 @@ class LifecycleStore(Aggregate):
         now: float,
         agent_version: str | None = None,
     ) -> Record:
-        """Create the record at stage `registered`; registering again only fills in fields."""
+        """Create the record at stage `registered`; registering again only fills in fields.
+        VastIdTaken when another record holds `vast_id`."""
         vast_id = vast_id or vast_id_of(label)
         with self.tx() as db:
+            if vast_id is not None:
+                other = db.execute(
+                    "SELECT label FROM instance_records WHERE vast_id = ? AND label <> ?",
+                    (vast_id, label),
+                ).fetchone()
+                if other is not None:
+                    raise VastIdTaken(f"vast instance {vast_id} is another instance's")
             db.execute(
                 "INSERT INTO instance_records(label, vast_id, host_and_port, stage, stage_at, "
                 "min_rate, registered_at, agent_version) "
@@ -105,6 +122,11 @@ class LifecycleStore(Aggregate):
             )
             if cur.rowcount != 1:
                 raise UnknownInstance(f"no instance registered as {label!r}")
+            if vast_id is not None:
+                db.execute(
+                    "UPDATE instance_tokens SET vast_id = ? WHERE label = ? AND vast_id IS NULL",
+                    (vast_id, label),
+                )
 
     def advance(
         self, label: str, stage: str, now: float, bench_rate: float | None = None
@@ -140,13 +162,20 @@ class LifecycleStore(Aggregate):
         return Record(**row) if row else None
 
     def resolve(self, any_id: str) -> Record | None:
-        """The one record named by a launch label, vast id, `C.<vast id>` or Curio host:port.
+        """The one record named by a vast id, a launch label, `C.<vast id>` or Curio host:port.
 
-        A label matches first; otherwise every other way of naming must agree on one record
-        (None when nothing, or more than one record, matches).
+        The vast id (the controller's name for an instance) matches first, then a label;
+        otherwise every other way of naming must agree on one record (None when nothing, or
+        more than one record, matches). So a label that spells another instance's vast id
+        never takes that instance's commands.
         """
+        if not any_id:
+            return None
+        by_id = self._all("SELECT * FROM instance_records WHERE vast_id = ?", (any_id,))
+        if len(by_id) == 1:
+            return Record(**by_id[0])
         exact = self.record(any_id)
-        if exact is not None or not any_id:
+        if exact is not None or by_id:
             return exact
         vast_id = vast_id_of(any_id) or any_id
         rows = self._all(
@@ -156,9 +185,10 @@ class LifecycleStore(Aggregate):
         return Record(**rows[0]) if len(rows) == 1 else None
 
     def forget(self, label: str) -> None:
-        """Drop an instance's record, logs and commands (it is gone from vast)."""
+        """Drop an instance's record, logs and commands, and revoke its token (it is gone)."""
         with self.tx() as db:
-            for table in ("instance_records", "instance_logs", "instance_commands"):
+            tables = ("instance_records", "instance_logs", "instance_commands", "instance_tokens")
+            for table in tables:
                 db.execute(f"DELETE FROM {table} WHERE label = ?", (label,))
 
     def _require(self, label: str) -> Record:
@@ -253,19 +283,28 @@ class LifecycleStore(Aggregate):
 
     # ---- logs ------------------------------------------------------------------------------
     def push_logs(self, label: str, lines: list[str], now: float) -> int:
-        """Append sanitized lines, keeping the last MAX_LOG_LINES; returns how many were kept."""
-        clean = [sanitize(line) for line in lines[-MAX_LOG_LINES:]]
+        """Append sanitized lines to the instance's buffer, keeping the last MAX_LOG_LINES and
+        at most MAX_LOG_CHARS of text (older lines dropped); returns how many were taken."""
+        clean = _newest([sanitize(line) for line in lines[-MAX_LOG_LINES:]], MAX_LOG_CHARS)
         with self.tx() as db:
             _require_in(db, label)
             db.executemany(
                 "INSERT INTO instance_logs(label, at, line) VALUES (?, ?, ?)",
                 [(label, now, line) for line in clean],
             )
-            db.execute(
-                "DELETE FROM instance_logs WHERE label = ? AND id <= (SELECT id FROM "
-                "instance_logs WHERE label = ? ORDER BY id DESC LIMIT 1 OFFSET ?)",
-                (label, label, MAX_LOG_LINES),
-            )
+            kept = db.execute(
+                "SELECT id, length(line) AS n FROM instance_logs WHERE label = ? "
+                "ORDER BY id DESC LIMIT ?",
+                (label, MAX_LOG_LINES + 1),
+            ).fetchall()
+            total, cut = 0, None
+            for n, row in enumerate(kept):
+                total += int(row["n"])
+                if n >= MAX_LOG_LINES or total > MAX_LOG_CHARS:
+                    cut = int(row["id"])
+                    break
+            if cut is not None:
+                db.execute("DELETE FROM instance_logs WHERE label = ? AND id <= ?", (label, cut))
         return len(clean)
 
     def logs(self, label: str, limit: int = MAX_LOG_LINES) -> list[LogLine]:
@@ -274,6 +313,16 @@ class LifecycleStore(Aggregate):
             (label, limit),
         )
         return [LogLine(r["at"], r["line"]) for r in rows[::-1]]
+
+
+def _newest(lines: list[str], chars: int) -> list[str]:
+    """The newest of `lines` whose text fits in `chars`."""
+    total = 0
+    for n in range(len(lines) - 1, -1, -1):
+        total += len(lines[n])
+        if total > chars:
+            return lines[n + 1 :]
+    return lines
 
 
 def _require_in(db: Tx, label: str) -> None:

@@ -15,6 +15,7 @@ from controller.store.records import (
     StageOrderError,
     UnknownCommand,
     UnknownInstance,
+    VastIdTaken,
     sanitize,
 )
 
@@ -147,7 +148,12 @@ def test_resolve_by_label_vast_id_container_label_and_host_and_port(
         assert (r := store.resolve(name)) and r.label == "C.2002", name
     assert (r := store.resolve("C.3003")) and r.label == "fg-c3" and r.machine_id == "m-77"
     assert store.resolve("4004") is None and store.resolve("") is None
-    store.register("fg-dup", "1001", None, None, now=0.0)  # two records claim one vast id
+    with pytest.raises(VastIdTaken):  # an agent cannot claim another instance's vast id
+        store.register("fg-dup", "1001", None, None, now=0.0)
+    assert store.record("fg-dup") is None
+    assert (r := store.resolve("1001")) and r.label == "fg-a1"
+    store.register("fg-dup", None, None, None, now=0.0)
+    store.link("fg-dup", vast_id="1001")  # two records name one vast id: neither is meant
     assert store.resolve("1001") is None
     with pytest.raises(UnknownInstance):
         store.link("nope", vast_id="1")
@@ -157,9 +163,11 @@ def test_forget_drops_records_logs_and_commands(store: LifecycleStore) -> None:
     store.register("fg-a1", None, None, None, now=0.0)
     store.push_logs("fg-a1", ["x"], now=1.0)
     store.queue_command("fg-a1", "restart_daemon", now=1.0, deadline_s=5.0)
+    token = store.tokens.issue("fg-a1", now=0.0)
     store.forget("fg-a1")
     assert store.records() == {} and store.logs("fg-a1") == []
     assert store.commands("fg-a1") == [] and store.overdue_commands(now=100.0) == []
+    assert store.tokens.label_for(token) is None and not store.tokens.launched("fg-a1")
 
 
 def test_the_store_survives_reopening(tmp_path: Path) -> None:

@@ -1,8 +1,10 @@
 """The agent's side of the instance API: its settings, its errors, and calls with retries.
 
-`load_config` reads the environment (FLEETGATE_URL, FLEETGATE_FLEET_TOKEN or
-FLEETGATE_FLEET_TOKEN_FILE, FLEETGATE_LABEL, vast's VAST_CONTAINERLABEL). `Client.post` sends
-one call with the fleet token, refuses redirects (they would carry the token elsewhere), and
+`load_config` reads the environment: FLEETGATE_URL; the instance's own token,
+FLEETGATE_INSTANCE_TOKEN (which its launch sets), or FLEETGATE_INSTANCE_TOKEN_FILE, else a fleet
+shared token (FLEETGATE_FLEET_TOKEN or FLEETGATE_FLEET_TOKEN_FILE, accepted only by a
+controller that opted in to one); FLEETGATE_LABEL; vast's VAST_CONTAINERLABEL. `Client.post`
+sends one call with the token, refuses redirects (they would carry the token elsewhere), and
 sorts what went wrong into `Unreachable` (retry later) and `Refused` (this call will not work);
 `with_retries` and `loop` decide when to call again. Each error carries the agent's exit status.
 
@@ -71,16 +73,12 @@ def load_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Config:
     url = (environ.get("FLEETGATE_URL") or "").rstrip("/")
     if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
         raise ConfigError("FLEETGATE_URL must be the controller's http(s)://host:port")
-    token = environ.get("FLEETGATE_FLEET_TOKEN", "").strip()
-    token_file = environ.get("FLEETGATE_FLEET_TOKEN_FILE")
-    if not token and token_file:
-        try:
-            with open(token_file, encoding="utf-8") as f:
-                token = f.readline().strip()
-        except OSError as exc:
-            raise ConfigError(f"cannot read {token_file}: {exc.strerror}") from exc
+    token = _token(environ, "FLEETGATE_INSTANCE_TOKEN") or _token(environ, "FLEETGATE_FLEET_TOKEN")
     if not token:
-        raise ConfigError("set FLEETGATE_FLEET_TOKEN (or FLEETGATE_FLEET_TOKEN_FILE)")
+        raise ConfigError(
+            "set FLEETGATE_INSTANCE_TOKEN (every launch sets it; or "
+            "FLEETGATE_INSTANCE_TOKEN_FILE, or a shared FLEETGATE_FLEET_TOKEN)"
+        )
     label = environ.get("FLEETGATE_LABEL") or environ.get("VAST_CONTAINERLABEL") or ""
     if not label:
         raise ConfigError("set FLEETGATE_LABEL (or run where vast sets VAST_CONTAINERLABEL)")
@@ -90,6 +88,19 @@ def load_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Config:
     return Config(
         url, token, label, ctl, args.program, args.timeout, environ.get("VAST_CONTAINERLABEL", "")
     )
+
+
+def _token(environ: Mapping[str, str], name: str) -> str:
+    """$NAME, else the first line of the file $NAME_FILE names, else ""."""
+    token = environ.get(name, "").strip()
+    path = environ.get(name + "_FILE")
+    if not token and path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                token = f.readline().strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
+    return token
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):

@@ -7,8 +7,10 @@
     fleetgate_agent.py push-logs FILE [--interval 5] [--state PATH] [--once]
 
 Settings come from the environment: FLEETGATE_URL (the controller, e.g. http://10.0.0.2:8080),
-FLEETGATE_FLEET_TOKEN (or FLEETGATE_FLEET_TOKEN_FILE), FLEETGATE_LABEL (else vast's
-VAST_CONTAINERLABEL, `C.<instance id>`). Every subcommand takes --supervisorctl (a command line,
+FLEETGATE_INSTANCE_TOKEN (this instance's own token, which its launch sets; or
+FLEETGATE_INSTANCE_TOKEN_FILE; a shared FLEETGATE_FLEET_TOKEN only where the controller opted
+in to one), FLEETGATE_LABEL (which the launch sets too; else vast's VAST_CONTAINERLABEL,
+`C.<instance id>`). Every subcommand takes --supervisorctl (a command line,
 default `supervisorctl`), --program (default `cuzk`) and --timeout.
 
 Each heartbeat reports the daemon's supervisord state and uptime (`supervisorctl status`) and
@@ -20,7 +22,7 @@ The controller being down never crashes a loop: calls are retried with growing d
 With --once, one attempt and the exit status says what happened:
 
     0  done          3  the controller could not be reached (or answered 429/5xx)
-    2  bad settings  4  the controller refused the call (401, 404, 422, ...)    1  other error
+    2  bad settings  4  the controller refused the call (401, 403, 404, ...)    1  other error
 
 A stage the controller already has passed (409) is not an error: a rebooted instance re-runs
 its boot script. The token never appears in output.

@@ -40,6 +40,7 @@ from controller.sim.queue import Task, TaskQueue
 from controller.sim.stats import Stats
 from controller.sim.wire import SimWire
 from controller.sim.world import FIRST_INSTANCE_ID, World
+from controller.store.instance_tokens import TOKEN_ENV
 from controller.store.journal import Journal
 from escalation.notify import Notifier
 from escalation.outbox import Outbox
@@ -140,6 +141,8 @@ class SyntheticFleet:
 
     def drain(self, instance_id: str) -> None: ...
 
+    def undrain(self, instance_id: str) -> None: ...
+
 
 def mix(instances: Iterable[Instance]) -> dict[str, int]:
     """A listing as the controller saw it: instances per status/stage/daemon/sidecar."""
@@ -210,6 +213,12 @@ class SimBench:
         self.wire.attach(InstanceService(self.store, self.sim.now))
         fixed = self.sim.world.to_json()
         self._machines, self._account = fixed["machines"], fixed["account"]
+        # what each launch gives its instance: its own token, in the container's environment
+        issue = self.store.tokens.issue
+        self._account["env"] = {
+            str(FIRST_INSTANCE_ID + i): {TOKEN_ENV: issue(f"fg-bench-{i}", clock())}
+            for i in range(n)
+        }
         self._machine_ids = list(self.sim.world.machines)
         self._install(exited_serves=True)  # before the exits: every agent that ran registers
         self._agents_step()
