@@ -28,6 +28,18 @@ def _pending(journal: Journal, esc_id: int) -> dict[str, Any]:
     return esc
 
 
+def shown_proposal(journal: Journal, esc: dict[str, Any]) -> dict[str, Any] | None:
+    """The proposal the escalation's message showed first (saved when it was delivered), else
+    the first one it was raised with."""
+    from escalation.router import shown_key
+
+    saved = journal.meta.get(shown_key(int(esc["id"])), None)
+    if isinstance(saved, dict) and "action" in saved:
+        return saved
+    proposals = esc["situation"].get("proposals") or []
+    return proposals[0] if proposals else None
+
+
 def approve(
     journal: Journal,
     esc_id: int,
@@ -38,26 +50,41 @@ def approve(
     params: dict[str, Any] | None = None,
     override: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Approve escalation `esc_id`: its first proposal, or `action` with `params`.
+    """Approve escalation `esc_id`: the proposal its message showed, or `action` with `params`.
 
-    `override` names budget caps (guards.OVERRIDABLE) this answer may exceed: explicit, and
-    journaled with the answer and the action; nothing else can exceed them.
+    `action` must be one the escalation offers (its allowed actions) and may only name its
+    subject (the instance, its host). `override` names budget caps (guards.OVERRIDABLE) this
+    answer may exceed: explicit, and journaled with the answer and the action; nothing else
+    can exceed them (only the operator's credential may send one).
     """
+    from escalation.router import off_subject
+
     esc = _pending(journal, esc_id)
-    proposals = esc["situation"].get("proposals") or []
+    situation = esc["situation"]
+    shown = shown_proposal(journal, esc)
     if action is None:
-        if not proposals:
+        if shown is None:
+            names = ", ".join(situation.get("allowed_actions") or actions.ACTIONS)
             raise ApprovalError(
-                f"escalation #{esc_id} has no proposed action: name one with "
-                f"--action (one of {', '.join(actions.ACTIONS)})"
+                f"escalation #{esc_id} has no proposed action: name one with --action "
+                f"(one of {names})"
             )
-        action, params = proposals[0]["action"], proposals[0]["params"]
-    elif params is None and proposals and proposals[0]["action"] == action:
-        params = proposals[0]["params"]
+        action, params = shown["action"], shown["params"]
+    elif params is None and shown is not None and shown["action"] == action:
+        params = shown["params"]
+    offered = list(situation.get("allowed_actions") or actions.ACTIONS)
+    if action not in actions.ACTIONS or action not in offered:
+        raise ApprovalError(
+            f"action {str(action)[:40]!r} is not offered by escalation #{esc_id} "
+            f"(one of {', '.join(offered)})"
+        )
     try:
         checked = actions.validate(action, params or _default_params(esc, action))
     except actions.ActionError as exc:
         raise ApprovalError(str(exc)) from exc
+    off = off_subject(str(esc["subject"]), situation.get("facts") or [], checked)
+    if off:
+        raise ApprovalError(f"the answer is refused: {off}")
     unknown = sorted(set(override) - set(OVERRIDABLE))
     if unknown:
         raise ApprovalError(f"cannot override {', '.join(unknown)} (only {', '.join(OVERRIDABLE)})")

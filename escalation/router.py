@@ -181,9 +181,10 @@ class Escalator:
             self.journal.llm.add_llm_call(escalation_id=esc_id, now=now, model=model, status=status,
                                       error=str(exc)[:1000], routed="people")  # fmt: skip
             return Routed(False, f"the LLM gave no usable answer ({status}: {exc})")
-        routed = self._route(answer, model)
+        routed = self._route(answer, model, s)
+        refused = routed.why.startswith("the LLM's answer was refused")
         self.journal.llm.add_llm_call(
-            escalation_id=esc_id, now=now, model=model, status="ok",
+            escalation_id=esc_id, now=now, model=model, status="refused" if refused else "ok",
             prompt_digest=answer.prompt_digest, action=answer.action, params=answer.params,
             confidence=answer.confidence, rationale=answer.rationale, tokens=answer.tokens,
             latency_ms=round(answer.latency_s * 1000, 1),
@@ -191,14 +192,26 @@ class Escalator:
         )  # fmt: skip
         return routed
 
-    def _route(self, answer: Any, model: str) -> Routed:
-        """The LLM's answer as a proposal through the one gate (controller.core.decide.gate)."""
+    def _route(self, answer: Any, model: str, s: Situation | None = None) -> Routed:
+        """The LLM's answer as a proposal through the one gate (controller.core.decide.gate).
+
+        An answer about another instance or host than the situation's subject is refused (it
+        goes to people, the call journaled as refused); one that does not resolve the situation
+        (`hold`, `notify`) goes to people too, the escalation left open."""
         from controller.core.decide import gate
 
         if answer.action is None:
             return Routed(False, f"the LLM handed it to people: {answer.rationale}")
         p = Proposal(answer.action, answer.params, f"llm:{model}", answer.rationale,
                      answer.confidence)  # fmt: skip
+        if s is not None:
+            off = off_subject(s.subject, s.facts, answer.params)
+            if off:
+                return Routed(False, f"the LLM's answer was refused: {off}", None)
+        if answer.action in UNRESOLVING:
+            told = f": {answer.params['message']}" if answer.action == "notify" else ""
+            return Routed(False, f"the LLM answered {answer.action}{told}, which does not "
+                          "resolve the situation", proposal_dict(p))  # fmt: skip
         d = gate(p, self.gate)
         if d.verdict == "act":
             return Routed(True, f"{d.why}; it runs through the guards", proposal_dict(p))
@@ -250,6 +263,8 @@ class Escalator:
         """Send to `channels` and journal each delivery's outcome."""
         esc = self._esc_dict(esc_id, to_dict(s), fp, created)
         esc["routing"] = why
+        # Approve runs what the message shows: its first proposal, saved with the escalation
+        self.journal.meta.put(shown_key(esc_id), s.proposals[0] if s.proposals else None)
         out = Notifier(channels, self.notifier.renderer).deliver(esc, self.how(esc_id))
         for d in out:
             self.journal.escalations.add_delivery(esc_id, d.channel, now, d.ok, d.detail)
@@ -277,17 +292,16 @@ class Escalator:
         how = {"approve_cli": f"{self.cli_prefix} escalations approve {esc_id}",
                "deny_cli": f"{self.cli_prefix} escalations deny {esc_id}"}  # fmt: skip
         if self.answer_url:
-            url = f"{self.answer_url.rstrip('/')}/v1/escalations/{esc_id}/answer"
+            base = self.answer_url.rstrip("/")
+            url = f"{base}/v1/escalations/{esc_id}/answer"
             how["answer_url"] = url
-            how["approve_http"] = (
-                f"curl -X POST -H 'Authorization: Bearer $FLEETGATE_API_TOKEN' "
-                f'-d \'{{"decision": "approve"}}\' {url}'
-            )
-            how["deny_http"] = (
-                f"curl -X POST -H 'Authorization: Bearer $FLEETGATE_API_TOKEN' "
-                f'-d \'{{"decision": "deny"}}\' {url}'
-            )
-
+            how["view_url"] = f"{base}/escalations/{esc_id}"  # a GET page: how to answer
+            for decision in ("approve", "deny"):
+                how[f"{decision}_http"] = (
+                    'curl -sS -X POST -H "Authorization: Bearer $FLEETGATE_API_TOKEN" '
+                    f"-H 'Content-Type: application/json' "
+                    f'-d \'{{"decision": "{decision}"}}\' {url}'
+                )
         return how
 
     def _esc_dict(self, esc_id: int, situation: dict[str, Any], fp: str, created: float
@@ -297,8 +311,39 @@ class Escalator:
             id=esc_id,
             fingerprint=fp,
             created_at_iso=iso8601(created),
+            deadline=created + self.deadline_s,
             deadline_iso=iso8601(created + self.deadline_s),
+            journal_id=self.journal.meta.identity(),
         )
+
+
+UNRESOLVING = frozenset({"hold", "notify"})  # answers that leave the situation as it is
+
+
+def shown_key(esc_id: int) -> str:
+    """The journal key of the proposal escalation `esc_id`'s message showed first."""
+    return f"escalation_shown:{esc_id}"
+
+
+def subject_host(subject: str, facts: Sequence[dict[str, Any]]) -> set[str]:
+    """The host(s) the facts give for an instance subject."""
+    kind, _, ident = subject.partition(":")
+    if kind != "instance":
+        return set()
+    return {str(f[k]) for f in facts for k in ("machine", "machine_id", "host")
+            if k in f and str(f.get("instance", f.get("id", ident))) == ident}  # fmt: skip
+
+
+def off_subject(subject: str, facts: Sequence[dict[str, Any]], params: dict[str, Any]) -> str:
+    """Why `params` reach beyond an instance subject (another instance or host), or ""."""
+    kind, _, ident = subject.partition(":")
+    if kind != "instance":
+        return ""
+    if "instance" in params and str(params["instance"]) != ident:
+        return f"it names instance {params['instance']}, but the escalation is about {ident}"
+    if "machine" in params and str(params["machine"]) not in subject_host(subject, facts):
+        return f"it names host {params['machine']}, which is not instance {ident}'s host"
+    return ""
 
 
 def _status_of(exc: Exception) -> str:

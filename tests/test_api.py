@@ -67,7 +67,9 @@ def test_approve_over_http_is_validated_and_answered_once(
     assert ok.json()["answer"] == {"action": "replace", "params": {"instance": "7",
                                    "block_host": False, "reason": ""}}  # fmt: skip
     row = j.escalations.escalation(esc)
-    assert row and row["status"] == "approved" and row["answered_by"] == "ana"
+    assert (
+        row and row["status"] == "approved" and row["answered_by"] == "operator"
+    )  # from the credential
     assert answered == [esc]
     again = post(base, esc, {"decision": "deny"})
     assert again.status_code == 409
@@ -79,11 +81,15 @@ def test_deny_and_read_back(api: tuple[str, Journal, list[int]]) -> None:
     esc = escalate(j, [{"action": "reboot", "params": {"instance": "7"}, "proposer": "llm:m",
                         "confidence": 0.5, "reason": "r"}])  # fmt: skip
     headers = {"Authorization": f"Bearer {TOKEN}"}
-    assert post(base, esc, {"decision": "deny", "by": "bob"}).json() == {"status": "denied"}
+    # who answered comes from the credential (the operator's token), not the body's "by"
+    assert post(base, esc, {"decision": "deny", "by": "bob"}).json() == {
+        "status": "denied",
+        "by": "operator",
+    }
     listed = requests.get(f"{base}/v1/escalations?status=denied", headers=headers, timeout=10)
     assert [e["id"] for e in listed.json()] == [esc]
     one = requests.get(f"{base}/v1/escalations/{esc}", headers=headers, timeout=10).json()
-    assert one["answered_by"] == "bob"
+    assert one["answered_by"] == "operator"
     assert requests.get(f"{base}/v1/escalations", timeout=10).status_code == 401
 
 
@@ -105,7 +111,13 @@ def test_an_escalations_own_capability_answers_it_and_nothing_else(
 
     base, j, _ = api
     first, second = escalate(j), escalate(j)
-    cap = answer_capability(SecretStr(TOKEN), first)
+    cap = answer_capability(
+        SecretStr(TOKEN),
+        first,
+        journal_id=j.meta.identity(),
+        choice="deny",
+        expires=float(j.escalations.escalation(first)["deadline"]),
+    )
     assert TOKEN not in cap
     assert post(base, second, {"decision": "deny"}, token=cap).status_code == 401
     headers = {"Authorization": f"Bearer {cap}"}

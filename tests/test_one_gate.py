@@ -17,7 +17,7 @@ from controller.store.journal import Journal
 from escalation.llm import LLMAnswer
 from escalation.notify import Notifier
 from escalation.render import Renderer
-from escalation.router import Escalator, Routed
+from escalation.router import UNRESOLVING, Escalator, Routed
 
 ACTIONS: dict[str, dict[str, Any]] = {
     "replace": {"instance": "i1", "block_host": False, "reason": ""},
@@ -66,6 +66,9 @@ def test_a_rule_and_the_llm_pass_the_same_gate(journal: Journal, gate: Gate) -> 
     for action, confidence in itertools.product(ACTIONS, CONFIDENCES):
         d, routed = by_rule(action, confidence, gate), by_llm(esc, action, confidence)
         where = f"{action} at {confidence} under {gate!r}"
+        if action in UNRESOLVING:  # the LLM's hold or notify leaves it to people, gate or not
+            assert not routed.acted and "does not resolve the situation" in routed.why, where
+            continue
         assert routed.acted is (d.verdict == "act"), where
         # the same reason in words, whoever proposed it
         assert d.why.split(" with confidence")[-1] in routed.why, where

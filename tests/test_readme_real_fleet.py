@@ -523,7 +523,7 @@ def test_the_example_config_is_what_the_readme_describes(world: World) -> None:
 
 
 def test_the_shipped_onstart_gets_what_the_agent_needs(world: World) -> None:
-    """README: the agent reads FLEETGATE_URL, FLEETGATE_FLEET_TOKEN and FLEETGATE_LABEL. A
+    """README: the agent reads FLEETGATE_URL, FLEETGATE_INSTANCE_TOKEN and FLEETGATE_LABEL. A
     launch with the example config gives the container the create's env and vast's own
     variables: does the onstart register with that alone?"""
     world.db.post("PoRep", 2, age_s=11 * 60)
@@ -593,7 +593,7 @@ def test_the_readme_fleet_end_to_end(world: World) -> None:
     w.tick()
     [launch] = w.executed("launch")
     assert launch["status"] == "ok" and launch["params"] == {"count": 2}
-    assert launch["proposer"] == "human:api" and launch["escalation_id"] == esc["id"]
+    assert launch["proposer"] == "human:operator" and launch["escalation_id"] == esc["id"]
     assert sum(vast.creates_by_label.values()) == 2
     w.tick()
     assert not w.own_listed(), "late creates: the next listing does not show them yet"
@@ -658,7 +658,9 @@ def test_the_readme_fleet_end_to_end(world: World) -> None:
     drains = w.executed("drain")
     assert {r["params"]["instance"] for r in drains} == {str(a.iid), str(b.iid)}
     assert min(r["at"] for r in drains) - idle_from >= 600  # the shipped idle wait
-    assert {(r["proposer"], r["guard"]) for r in drains} == {("human:api", "drain_before_destroy")}
+    assert {(r["proposer"], r["guard"]) for r in drains} == {
+        ("human:operator", "drain_before_destroy")
+    }
     assert w.unschedulable() == {a.node, b.node}  # exactly the fleet's nodes
     drained_at = w.clock()
     # README: "a healthy instance is drained first and destroyed once it holds no task"
@@ -695,7 +697,7 @@ def test_the_readme_fleet_end_to_end(world: World) -> None:
                     "rule's proposal was put to a person again. " + w.escalation_summary()
                 )
     assert {r["params"]["instance"] for r in destroyed} == {str(a.iid), str(b.iid)}
-    assert {r["proposer"] for r in destroyed} == {"human:api"}
+    assert {r["proposer"] for r in destroyed} == {"human:operator"}
     assert not w.own() and set(w.foreign) <= set(vast.instances)
     assert w.unschedulable() == {a.node, b.node}  # never the operator's node
 

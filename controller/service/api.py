@@ -3,35 +3,52 @@
     POST /v1/escalations/{id}/answer   {"decision": "approve"|"deny", "action"?, "params"?, "by"?}
     GET  /v1/escalations[?status=pending]
     GET  /v1/escalations/{id}
+    GET  /escalations/{id}              (no token: its state and how to answer; what links open)
     GET  /v1/status
     GET  /healthz
 
 Every /v1 call needs `Authorization: Bearer <token>` (compared in constant time). An answer may
-instead carry that escalation's own capability (`answer_capability(token, id)`, an HMAC): what
+instead carry that escalation's own capability (`escalation.capabilities`: one journal, one
+escalation, one choice, until its deadline; no action, parameters or overrides): what
 message buttons (ntfy) hold, so the API token itself is never put in a message. An answer is
 the same as `fleetgate escalations approve|deny`: it is validated, journaled, and the action
 runs through the guards on the next tick. Served by uvicorn in a background thread.
 
 `create_app` includes the routers it is given (the instance API), then `status_router`
 (health, status) and `escalations_router`, both behind the checks of `Auth`.
+
+In front of every route, `controller.service.api_guard.Guard` checks the caller before the body
+is read (the operator's token, or an answer's capability; the instance API a bearer header,
+its route then the token) and caps the body as it streams in (413 past `MAX_OPERATOR_BODY`,
+or `MAX_INSTANCE_BODY`, the instance API's own cap). An id no row can have (below 1,
+beyond 2**63-1) is 404; a body that fails validation is 422 listing field names and
+reasons, never the input.
+`create_instance_app` serves the instance API alone, for a listener of its own
+(`api.instance_listen`).
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import uvicorn
-from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from controller.service.api_guard import Guard, Refusal, bad_id, bearer
+from controller.service.metrics import metrics_router
 from controller.store.journal import Journal
 from escalation import approvals
-from escalation.capabilities import answer_capability
+from escalation.capabilities import check_capability
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +59,8 @@ class Answer(BaseModel):
     decision: Literal["approve", "deny"]
     action: str | None = None
     params: dict[str, Any] | None = None
-    by: str = Field("api", max_length=80, pattern=r"^[A-Za-z0-9_.@-]+$")
+    # who answered comes from the credential, never from here (kept so old bodies still parse)
+    by: str | None = Field(None, max_length=80, pattern=r"^[A-Za-z0-9_.@-]+$")
     override: list[str] = Field(default_factory=list, description="budget caps to exceed")
 
 
@@ -56,35 +74,135 @@ def create_app(
 ) -> FastAPI:
     """The API over `journal`; `on_answer` runs after an answer is stored (closes alerts);
     `routers` adds more (the instance lifecycle API)."""
-    app = FastAPI(title="fleetgate", docs_url=None, redoc_url=None, openapi_url=None)
+    app = _bare()
     for router in routers:
         app.include_router(router)
-    auth = Auth(token)
+    auth = Auth(token, journal.meta.identity())
     app.include_router(status_router(journal, auth, status))
     app.include_router(escalations_router(journal, auth, clock, on_answer))
+    app.include_router(metrics_router(journal))
+    app.add_middleware(Guard, policy=auth.policy, cap=body_cap)
     return app
 
 
-class Auth:
-    """The two bearer checks, as FastAPI dependencies (the token compared in constant time)."""
+def create_instance_app(routers: Sequence[APIRouter]) -> FastAPI:
+    """The instance API alone (and `/healthz`), for a listener apart from the operator's: an
+    operator route there is 404 whatever token it carries."""
+    app = _bare()
+    for router in routers:
+        app.include_router(router)
 
-    def __init__(self, token: SecretStr) -> None:
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    app.add_middleware(Guard, policy=instance_policy, cap=body_cap)
+    return app
+
+
+MAX_OPERATOR_BODY = 64 * 1024  # an answer is a few hundred bytes
+MAX_INSTANCE_BODY = 1 << 20  # the instance API's routes refuse more themselves (MAX_BODY_BYTES)
+INSTANCES = "/v1/instances/"
+_ESCALATION = re.compile(r"^/v1/escalations/([^/]+)(/answer)?/?$")
+_CAPABILITY = re.compile(r"^(?:(?:approve|deny)\.[0-9]{1,12}\.)?[0-9a-f]{64}$")
+_COMMAND = re.compile(r"^/v1/instances/[^/]+/commands/([^/]+)/")
+
+
+def body_cap(path: str) -> int:
+    return MAX_INSTANCE_BODY if path.startswith(INSTANCES) else MAX_OPERATOR_BODY
+
+
+def instance_policy(path: str, authorization: str) -> Refusal | None:
+    """The instance API: a bearer value before the body (its route checks which one), and
+    command ids a row can have."""
+    if not path.startswith(INSTANCES):
+        return None
+    if not bearer(authorization):
+        return Refusal(401, "a valid fleet bearer token is required")
+    command = _COMMAND.match(path)
+    if command and bad_id(command.group(1)):
+        return Refusal(404, "no such command")
+    return None
+
+
+def _bare() -> FastAPI:
+    app = FastAPI(title="fleetgate", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
+    return app
+
+
+async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    """422 naming the fields and what was wrong with each, never the values sent."""
+    errors = []
+    for e in exc.errors()[:20]:
+        loc = [_name(p) for p in e.get("loc", ())]
+        if e.get("type") == "extra_forbidden" and loc:  # the name is the caller's, not ours
+            loc[-1] = "(unknown field)"
+        errors.append({"loc": loc, "msg": str(e.get("msg", ""))[:200]})
+    return JSONResponse({"detail": errors}, status_code=422)
+
+
+def _name(part: object) -> str | int:
+    """A location part as a field name, cut and stripped to safe characters."""
+    if isinstance(part, int):
+        return part
+    return re.sub(r"[^A-Za-z0-9_.-]", "?", str(part))[:40]
+
+
+class Auth:
+    """The bearer checks (the token compared in constant time): `policy` for the guard, before
+    any body is read, and the same checks as FastAPI dependencies on the routes."""
+
+    def __init__(self, token: SecretStr, journal_id: str = "") -> None:
         self._token = token
+        self._journal_id = journal_id
         self._expected = token.get_secret_value().encode()
+
+    def policy(self, path: str, authorization: str) -> Refusal | None:
+        """Operator routes (all of /v1 but the instance API): the token, or on an answer
+        something of a capability's form; then an id no escalation can have is 404."""
+        if not path.startswith("/v1/") or path.startswith(INSTANCES):
+            return instance_policy(path, authorization)
+        given = bearer(authorization).encode()
+        allowed = hmac.compare_digest(given, self._expected)
+        esc = _ESCALATION.match(path)
+        if not allowed and esc is not None and esc.group(2) is not None:
+            # an answer may carry a capability instead: the route verifies it (it needs the
+            # journal); before the body only its form is checked, and the body stays capped
+            allowed = bool(_CAPABILITY.match(given.decode("latin-1")))
+        if not allowed:
+            return Refusal(401, "a valid bearer token is required")
+        if esc and bad_id(esc.group(1)):
+            return Refusal(404, "no such escalation")
+        return None
 
     def authorized(self, authorization: str = Header(default="")) -> None:
         """The API token itself."""
         if not hmac.compare_digest(_bearer(authorization), self._expected):
             raise _deny()
 
-    def may_answer(self, esc_id: int, authorization: str = Header(default="")) -> None:
-        """The API token, or escalation `esc_id`'s own answer capability."""
+    def capability(self, esc_id: int, given: str) -> tuple[str, int] | None:
+        """(choice, expires) of escalation `esc_id`'s capability `given` of this journal."""
+        return check_capability(self._token, given, journal_id=self._journal_id, esc_id=esc_id)
+
+    def may_answer(self, esc_id: int, authorization: str = Header(default="")) -> Credential:
+        """The API token (the operator), or escalation `esc_id`'s own answer capability."""
         given = _bearer(authorization)
-        capability = answer_capability(self._token, esc_id).encode()
-        if not (
-            hmac.compare_digest(given, self._expected) or hmac.compare_digest(given, capability)
-        ):
+        if hmac.compare_digest(given, self._expected):
+            return Credential("operator", None, None)
+        cap = self.capability(esc_id, given.decode(errors="replace"))
+        if cap is None:
             raise _deny()
+        return Credential("button", cap[0], cap[1])
+
+
+@dataclass(frozen=True)
+class Credential:
+    """Who answers: the operator's token, or a button's capability (one choice, until then)."""
+
+    who: str
+    choice: str | None
+    expires: int | None
 
 
 def _bearer(authorization: str) -> bytes:
@@ -134,34 +252,68 @@ def escalations_router(
             raise HTTPException(404, f"no escalation #{esc_id}")
         return esc
 
-    @router.post("/v1/escalations/{esc_id}/answer", dependencies=[Depends(auth.may_answer)])
-    def answer(esc_id: int, body: Answer) -> dict[str, Any]:
+    @router.get("/escalations/{esc_id}")
+    def page(esc_id: int) -> dict[str, Any]:
+        """What a message's link opens: the escalation's state and how to answer it (the
+        answer itself is a POST with the token); no facts, proposals or secrets."""
+        esc = journal.escalations.escalation(esc_id) if 0 < esc_id < 2**63 else None
+        if esc is None:
+            raise HTTPException(404, f"no escalation #{esc_id}")
+        return {
+            "id": esc["id"], "status": esc["status"], "kind": esc["kind"],
+            "subject": esc["subject"], "deadline": esc["deadline"],
+            "answer": f"POST /v1/escalations/{esc_id}/answer with "
+            '"Authorization: Bearer $FLEETGATE_API_TOKEN", Content-Type: application/json and '
+            'a body {"decision": "approve"} or {"decision": "deny"}; or run '
+            f"`fleetgate escalations approve {esc_id}` / `fleetgate escalations deny {esc_id}`",
+        }  # fmt: skip
+
+    @router.post("/v1/escalations/{esc_id}/answer")
+    def answer(
+        esc_id: int,
+        body: Answer,
+        cred: Credential = Depends(auth.may_answer),  # noqa: B008
+    ) -> dict[str, Any]:
         if journal.escalations.escalation(esc_id) is None:
             raise HTTPException(404, f"no escalation #{esc_id}")
-        result = _record_answer(journal, esc_id, body, clock())
-        log.info("escalation #%d %s over HTTP by %s", esc_id, result["status"], body.by)
+        now = clock()
+        if cred.choice is not None:  # a button: its one answer, nothing more
+            if body.decision != cred.choice:
+                raise HTTPException(403, f"this button can only {cred.choice} escalation #{esc_id}")
+            if body.action is not None or body.params is not None or body.override:
+                raise HTTPException(403, "a button approves the proposal its message showed; "
+                                    "another action, parameters or overrides need the "
+                                    "operator's token")  # fmt: skip
+            if cred.expires is not None and now > cred.expires:
+                raise HTTPException(403, f"this button expired with escalation #{esc_id}")
+        result = _record_answer(journal, esc_id, body, now, by=cred.who)
+        log.info("escalation #%d %s over HTTP by %s", esc_id, result["status"], cred.who)
         on_answer(esc_id)
         return result
 
     return router
 
 
-def _record_answer(journal: Journal, esc_id: int, body: Answer, now: float) -> dict[str, Any]:
-    """Deny or approve escalation `esc_id` as `body` says; 409 or 422 when it cannot be."""
+def _record_answer(journal: Journal, esc_id: int, body: Answer, now: float, *, by: str = "operator"
+                   ) -> dict[str, Any]:  # fmt: skip
+    """Deny or approve escalation `esc_id` as `body` says, as `by` (from the credential); 409
+    or 422 with a sentence when it cannot be."""
     try:
         if body.decision == "deny":
-            approvals.deny(journal, esc_id, by=body.by, now=now)
-            return {"status": "denied"}
+            approvals.deny(journal, esc_id, by=by, now=now)
+            return {"status": "denied", "by": by}
         chosen = approvals.approve(
             journal,
             esc_id,
-            by=body.by,
+            by=by,
             now=now,
             action=body.action,
             params=body.params,
             override=body.override,
         )
-        return {"status": "approved", "answer": chosen}
+        return {"status": "approved", "by": by, "answer": chosen,
+                "note": "it runs through the guards on the next tick; they may trim or veto "
+                "it (see the journal)"}  # fmt: skip
     except approvals.ApprovalError as exc:
         code = 409 if "not pending" in str(exc) or "meanwhile" in str(exc) else 422
         raise HTTPException(code, str(exc)) from exc
@@ -198,3 +350,34 @@ class Server:
     def stop(self) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=10)
+
+
+class Servers:
+    """The operator API's server and, on an address of its own, the instance API's."""
+
+    def __init__(self, operator: Server, instances: Server | None = None) -> None:
+        self.operator, self.instances = operator, instances
+
+    def start(self) -> None:
+        self.operator.start()
+        if self.instances is not None:
+            try:
+                self.instances.start()
+            except BaseException:
+                self.operator.stop()
+                raise
+
+    @property
+    def port(self) -> int:
+        return self.operator.port
+
+    @property
+    def instance_port(self) -> int:
+        return (self.instances or self.operator).port
+
+    def stop(self) -> None:
+        try:
+            if self.instances is not None:
+                self.instances.stop()
+        finally:
+            self.operator.stop()

@@ -25,7 +25,7 @@ from controller.store.records import LifecycleStore
 from escalation.outbox import Background, Outbox, step
 
 if TYPE_CHECKING:
-    from controller.service.api import Server
+    from controller.service.api import Servers
     from controller.sim.wire import SimWire
 
 log = logging.getLogger(__name__)
@@ -70,30 +70,43 @@ class App:
         """`fleetgate tick`: after the tick, the outbox for at most `escalation.outbox_step_s`."""
         return step(self.outbox, self.controller.clock, self.config.escalation.outbox_step_s)
 
-    def serve_api(self) -> Server | None:
-        """Start the HTTP API when the config names one; returns the server (stop() it)."""
+    def serve_api(self) -> Servers | None:
+        """Start the HTTP API when the config names one; returns the servers (stop() them).
+        The instance API is on `api.instance_listen` when given, else beside the operator's."""
         api = self.config.api
         if api is None:
             return None
         if self.dry:
             raise RuntimeError("a dry assembly (fleetgate check) serves nothing")
-        from controller.service.api import Server, create_app
+        from controller.service.api import Server, Servers, create_app, create_instance_app
 
         routers = []
         if self.lifecycle is not None and self.config.instances is not None:
             from controller.fleet.instance_api import instance_router
 
-            token = self.config.instances.fleet_token
-            routers.append(instance_router(self.lifecycle, token, self.controller.clock))
+            inst = self.config.instances
+            shared = inst.fleet_token if inst.shared_token_opt_in else None
+            routers.append(instance_router(self.lifecycle, shared, self.controller.clock))
+        apart = api.instance_listen is not None
         app = create_app(self.journal, api.token, self.controller.clock,
                          on_answer=self.controller.escalator.closed,
-                         status=lambda: status(self), routers=routers)  # fmt: skip
-        host, _, port = api.listen.rpartition(":")
-        server = Server(app, host, int(port))
-        server.start()
+                         status=lambda: status(self), routers=() if apart else routers)  # fmt: skip
+        servers = Servers(Server(app, *_address(api.listen)))
+        if api.instance_listen is not None:
+            servers.instances = Server(create_instance_app(routers), *_address(api.instance_listen))
+        servers.start()
+        host = _address(api.listen)[0]
         log.info("HTTP API on http://%s:%d (answers: POST /v1/escalations/ID/answer)", host,
-                 server.port)  # fmt: skip
-        return server
+                 servers.port)  # fmt: skip
+        if servers.instances is not None:
+            log.info("instance API on http://%s:%d", _address(api.instance_listen or "")[0],
+                     servers.instance_port)  # fmt: skip
+        return servers
+
+
+def _address(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    return host, int(port)
 
 
 def decide_settings(config: Config) -> DecideSettings:
@@ -125,6 +138,6 @@ def status(app: App) -> dict[str, Any]:
             "all": {"pending": summary.get("pending"), "running": summary.get("running_tasks")}
         },  # fmt: skip
         "pending_escalations": len(j.escalations.recent(status="pending")),
-        "leader": lease.read(j).as_dict(),
+        "leader": lease.read(j, ttl_s=app.config.lease.ttl_s).as_dict(),
         "sim": app.sim.stats if app.sim else None,
     }

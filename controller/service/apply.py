@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,8 +70,10 @@ def _book(journal: Journal, b: Book, now: float) -> None:
 
 
 def act(journal: Journal, actuator: Actuator, planned: Planned, tick_id: int,
-        rows: list[tuple[Decision, int]]) -> Applied:  # fmt: skip
-    """Steps 2 and 3."""
+        rows: list[tuple[Decision, int]],
+        check: Callable[[], None] | None = None) -> Applied:  # fmt: skip
+    """Steps 2 and 3; `check` runs before each action and raises to stop acting (the journal
+    is gone: what it raises ends the step)."""
     counts: dict[str, int] = {}
     for d in planned.plan.decisions:
         counts[d.verdict] = counts.get(d.verdict, 0) + 1
@@ -78,6 +81,8 @@ def act(journal: Journal, actuator: Actuator, planned: Planned, tick_id: int,
     closed: list[int] = []
     for d, action_id in rows:
         if d.verdict == "act":
+            if check is not None:
+                check()
             job = Job(d, action_id, tick_id, planned.history, planned.now, planned.by_id)
             outcome = actuator.execute(job)
             log.info("[%s] %s %s → %s%s | %s", _clock(planned.now), d.effective_action,

@@ -1,7 +1,11 @@
 """Drive ticks on an interval with APScheduler 3.
 
 One tick at a time (a single worker, `max_instances=1`), missed ticks coalesced into one,
-the first tick at once. SIGTERM/SIGINT set a flag: the tick in progress finishes, no new one
+the first tick at once. Intervals are kept by the monotonic clock: each tick is scheduled
+`interval_s` after the one before (`SteadyInterval`), APScheduler's wait is a monotonic one, and
+if the wall clock stepped back while it waited (APScheduler would then wait out the step), a
+watchdog runs the overdue tick. The controller notices the step itself and holds that tick
+(`controller.service.tick`). SIGTERM/SIGINT set a flag: the tick in progress finishes, no new one
 starts, and `run` returns. A tick that raises is logged and the schedule goes on.
 
 With a lease (controller/store/lease.py), a thread of its own renews it every `renew_s` and a tick
@@ -18,20 +22,39 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import FrameType
 from typing import Any
 
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
-from apscheduler.triggers.interval import IntervalTrigger
+from apscheduler.triggers.base import BaseTrigger
 
 from controller.store.backend import JournalError, StaleLeader
 from controller.store.lease import Lease, read
 from escalation.outbox import Background
 
 log = logging.getLogger(__name__)
+
+OVERDUE_S = 1.0  # a tick this late by the monotonic clock was lost to a step of the wall clock
+
+
+class SteadyInterval(BaseTrigger):  # type: ignore[misc]
+    """Every `interval_s` after the last fire, whatever the wall clock did in between; `due` is
+    the next fire by the monotonic clock."""
+
+    def __init__(self, interval_s: float, monotonic: Callable[[], float] = time.monotonic):
+        self.interval_s, self.monotonic = interval_s, monotonic
+        self.due: float | None = None
+
+    def get_next_fire_time(self, previous_fire_time: datetime | None, now: datetime) -> datetime:
+        self.due = self.monotonic() + self.interval_s
+        return now + timedelta(seconds=self.interval_s)
+
+    def overdue(self) -> bool:
+        return self.due is not None and self.monotonic() > self.due + OVERDUE_S
 
 
 class Runner:
@@ -52,8 +75,18 @@ class Runner:
         self.standby = 0  # ticks skipped while another controller leads
         self.stop = threading.Event()
         self._scheduler: BackgroundScheduler | None = None
+        self._trigger = SteadyInterval(interval_s)
+        self._running = threading.Event()
+        self._seen: tuple[str | None, int] | None = None  # the leader last reported standing by
 
     def _job(self) -> None:
+        self._running.set()
+        try:
+            self._run_once()
+        finally:
+            self._running.clear()
+
+    def _run_once(self) -> None:
         if self.stop.is_set():
             return
         if self.lease is not None and not self.lease.may_act():
@@ -82,12 +115,29 @@ class Runner:
                 if not was and self._scheduler is not None:  # took over: tick at once
                     self._scheduler.modify_job("tick", next_run_time=datetime.now(UTC))
                 return self.renew_s
-            left = read(self.lease.journal, self.lease.name).expires_in_s
+            state = read(self.lease.journal, self.lease.name, ttl_s=self.lease.ttl_s)
+            left = state.expires_in_s
+            if self._seen != (state.holder, state.token):
+                self._seen = (state.holder, state.token)
+                log.warning("standing by: lease %r is held by %s (token %d, %.0f s left)",
+                            self.lease.name, state.holder, state.token, left)  # fmt: skip
         except JournalError as exc:
             log.error("lease %r: %s; not acting until it is renewed", self.lease.name, exc)
             self.lease.token = None  # no new tick; the fence stays: the store still checks it
             return self.renew_s
         return min(self.renew_s, max(0.05, left + 0.05))
+
+    def _watch(self) -> None:
+        """Run an overdue tick now: the wall clock stepped back under APScheduler's wait."""
+        if self._scheduler is None or self._running.is_set() or not self._trigger.overdue():
+            return
+        log.warning(
+            "the tick is %.1f s overdue by the monotonic clock (the wall clock stepped "
+            "back?): running it now",
+            self._trigger.monotonic() - (self._trigger.due or 0),
+        )
+        self._trigger.due = None  # once, until it has fired
+        self._scheduler.modify_job("tick", next_run_time=datetime.now(UTC))
 
     def _lease_loop(self) -> None:
         while not self.stop.wait(self._renew()):
@@ -109,7 +159,7 @@ class Runner:
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
             timezone=UTC,
         )
-        trigger = IntervalTrigger(seconds=self.interval_s, timezone=UTC)
+        trigger = self._trigger
         keeper = None
         if self.lease is not None:
             self._renew()  # lead (or not) before the first tick
@@ -128,7 +178,7 @@ class Runner:
             keeper.start()
         try:
             while not self.stop.wait(0.2):
-                pass
+                self._watch()
         finally:
             scheduler.shutdown(wait=True)  # lets a tick in progress finish
             if self.outbox is not None:

@@ -12,6 +12,14 @@
 4. apply (`controller.service.apply`): one transaction fenced by the lease for bookkeeping,
    tracks and intents; then act; then the results;
 5. escalate what rules could not decide (deduplicated) to the outbox, and record the tick.
+
+A tick **holds** (plans, acts on nothing, and escalates to people) when the wall clock jumped
+since the last one (`controller.service.clockwatch`: the controller's time then goes on
+unbroken), or when the journal it opened is gone or was replaced (checked before the
+bookkeeping is written and before each action; from then on every tick holds until the
+controller is restarted). `FAILURES_TO_ESCALATE` ticks failing in a row are escalated too, and
+the escalation resolves itself once a tick succeeds again. All three go through the same
+escalation path as any other doubt (kind `sensing_failure`, for people only).
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
+from controller.core.decide import Doubt
 from controller.core.model import Proposal
 from controller.core.policy import DecideSettings
 from controller.core.reconcile import followups, serving
@@ -29,14 +38,18 @@ from controller.fleet.actuator import Actuator
 from controller.fleet.base import Actuated, DemandSensor, Sensed
 from controller.rules.source import RulesSource
 from controller.service import apply
+from controller.service.clockwatch import ClockWatch, Jump
 from controller.service.gather import Gathered, gather, sense
 from controller.service.plan import Planned, plan
+from controller.store.backend import JournalError, JournalLost
 from controller.store.journal import Journal
 from escalation.router import Escalator
 
 __all__ = ["Controller", "Gathered", "Planned", "followups", "sense", "serving"]
 
 log = logging.getLogger(__name__)
+
+FAILURES_TO_ESCALATE = 3  # ticks failing in a row before people are told
 
 
 class Controller:
@@ -55,7 +68,16 @@ class Controller:
         on_gone: Callable[[str], None] | None = None,
         actions: Actuated | None = None,
         debounce: Debounce = NO_DEBOUNCE,
+        monotonic: Callable[[], float] | None = None,
     ) -> None:
+        """`monotonic` watches `clock` for jumps (default: `time.monotonic` when `clock` is
+        the wall clock itself; none for a virtual clock, which jumps by design)."""
+        if monotonic is None and clock is time.time:
+            monotonic = time.monotonic
+        self.watch = ClockWatch(clock, monotonic) if monotonic is not None else None
+        if self.watch is not None:
+            clock = self.watch  # the controller's time, for everything that shares it
+            escalator.clock = clock
         self.journal = journal
         self.provider = provider
         self.demand = demand
@@ -70,6 +92,10 @@ class Controller:
         # a fleet that is read and acted on through one object (a simpler fleet, a test's)
         acts = actions if actions is not None else cast(Actuated, provider)
         self.actuator = Actuator(acts, journal, settings.guards)
+        self.failures = 0  # ticks failed in a row
+        self.lost: str | None = None  # why the journal is not the one opened: every tick holds
+        self._journal_id: str | None = None  # noted at the first tick
+        self._standing: tuple[Doubt, ...] = ()  # doubts that hold while the process runs
 
     def gather(self, now: float) -> Gathered:
         return gather(self.journal, self.provider, self.demand, now,
@@ -80,15 +106,32 @@ class Controller:
         return plan(self.gather(now), self.rules, self.settings, extra, self.debounce)
 
     def tick(self) -> Planned:
-        """Steps 1-5."""
+        """Steps 1-5; a failure counts towards `FAILURES_TO_ESCALATE` and is raised."""
+        try:
+            planned = self._tick()
+        except Exception as exc:
+            self.failures += 1
+            if self.failures >= FAILURES_TO_ESCALATE:
+                self._escalate_failures(exc)
+            raise
+        self.failures = 0
+        return planned
+
+    def _tick(self) -> Planned:
         if self.before_tick:
             self.before_tick()
+        jump = self._jump()
         now = self.clock()
+        if self._journal_id is None:
+            self._journal_id = self.journal.meta.identity()
         reloaded = self.rules.reload()  # a file change (or SIGHUP) takes effect here
         if reloaded is not None:
             self.journal.meta.add_reload(now, reloaded.ok, reloaded.digest, reloaded.problems)
         tick_id = self.journal.meta.start_tick(now, self.rules.book.digest)
         planned = self.plan(now)
+        held = self._lost_doubt() or (self._clock_doubt(jump) if jump is not None else None)
+        if held is not None:
+            return self._hold(planned, tick_id, held)
         rows = apply.write(self.journal, planned, tick_id)
         save_learned = getattr(self.provider, "save_learned", None)
         if save_learned is not None:  # links between agents and instances, learned sensing
@@ -97,7 +140,11 @@ class Controller:
             for e in planned.events:
                 if e.kind == "gone":
                     self.on_gone(e.instance_id)
-        done = apply.act(self.journal, self.actuator, planned, tick_id, rows)
+        try:
+            done = apply.act(self.journal, self.actuator, planned, tick_id, rows,
+                             check=self._check_journal)  # fmt: skip
+        except JournalLost:
+            return self._hold(planned, tick_id, self._lost_doubt())
         for esc_id in (*done.expired, *done.closed):
             self.escalator.closed(esc_id)
         summary = self._escalate(planned, done)
@@ -120,7 +167,7 @@ class Controller:
             if f["kind"] == "instance":
                 targets.add(str(f["id"]))
                 targets.add(str(f["machine_id"]))
-        doubts = planned.doubts + done.refused
+        doubts = planned.doubts + done.refused + self._standing
         raised = self.escalator.raise_all(doubts, fleet, self._budget(fleet, planned),
                                           planned.now, targets)  # fmt: skip
         if all(s.state == "ok" for s in planned.observation.sensors):
@@ -138,6 +185,69 @@ class Controller:
                 for i in planned.observation.foreign[:20]
             ],  # fmt: skip
         }
+
+    # ---- holding --------------------------------------------------------------------------
+    def _jump(self) -> Jump | None:
+        if self.watch is None:
+            return None
+        last = self.journal.meta.last_now() if self.watch.fresh else None
+        return self.watch.check(last)
+
+    def _check_journal(self) -> None:
+        """Raise `JournalLost` (and remember why) unless the journal is the one opened."""
+        if self.lost is None and self._journal_id is not None:
+            try:
+                self.journal.meta.check_identity(self._journal_id)
+            except JournalLost as exc:
+                self.lost = str(exc)
+        if self.lost is not None:
+            raise JournalLost(self.lost)
+
+    def _lost_doubt(self) -> Doubt | None:
+        try:
+            self._check_journal()
+        except JournalLost as exc:
+            return Doubt("sensing_failure", "journal",
+                         f"{exc}: the controller acts on nothing until it is restarted on its "
+                         "journal (actions it takes now would be recorded nowhere)",
+                         key={"problem": "journal_lost"}, people_only=True)  # fmt: skip
+        return None
+
+    def _clock_doubt(self, jump: Jump) -> Doubt:
+        assert self.watch is not None
+        doubt = Doubt("sensing_failure", "clock", jump.describe(self.watch.offset),
+                      key={"problem": "clock_jump", "wall": round(jump.wall)},
+                      people_only=True)  # fmt: skip
+        self._standing = (doubt,)  # pending while the controller runs on its own time
+        return doubt
+
+    def _hold(self, planned: Planned, tick_id: int, doubt: Doubt | None) -> Planned:
+        """The tick acts on nothing: `doubt` goes to people, and the tick is recorded."""
+        assert doubt is not None
+        log.error("tick %d held: %s", tick_id, doubt.summary)
+        fleet = planned.by_id.get("fleet", {})
+        try:
+            raised = self.escalator.raise_all([doubt], fleet, self._budget(fleet, planned),
+                                              planned.now)  # fmt: skip
+            self.journal.meta.finish_tick(tick_id, self.clock(), {
+                "held": doubt.summary[:500], "escalated": len(raised),
+                "instances": fleet.get("instances"), "pending": fleet.get("pending")})  # fmt: skip
+        except JournalError as exc:
+            log.critical("tick %d held, and the journal refused its escalation: %s (%s)",
+                         tick_id, exc, doubt.summary)  # fmt: skip
+        return planned
+
+    def _escalate_failures(self, exc: Exception) -> None:
+        detail = f"{type(exc).__name__}: {exc}"[:300]
+        doubt = Doubt("sensing_failure", "controller",
+                      f"{self.failures} ticks in a row failed (the last: {detail}); nothing is "
+                      "decided or acted on while ticks fail",
+                      key={"problem": "tick_failures"}, people_only=True)  # fmt: skip
+        try:
+            self.escalator.raise_all([doubt], {}, {}, self.clock())
+        except Exception as again:  # noqa: BLE001 - the tick's own failure is raised after
+            log.critical("%d ticks in a row failed, and escalating it failed too: %s",
+                         self.failures, again)  # fmt: skip
 
     def _budget(self, fleet: dict[str, Any], planned: Planned) -> dict[str, Any]:
         lim = self.settings.guards

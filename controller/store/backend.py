@@ -18,11 +18,11 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import psycopg
 from psycopg import sql as pgsql
@@ -41,6 +41,11 @@ class DuplicateKey(JournalError):
 
 class StaleLeader(JournalError):
     """An action from a controller whose lease expired or was taken over: refused."""
+
+
+class JournalLost(JournalError):
+    """The journal this process opened is gone or was replaced under it (a deleted or swapped
+    SQLite file, a PostgreSQL journal whose identity row changed): nothing may act on it."""
 
 
 class Result:
@@ -82,6 +87,11 @@ class Store(Protocol):
         ...
 
     def query(self, sql: str, args: Sequence[Any] = ()) -> list[Row]: ...
+    def vanished(self) -> str | None:
+        """Why the database this store opened is no longer the one at its address (None: it
+        is): what the journal's identity check (`Meta.check_identity`) asks first."""
+        ...
+
     def create(self, ddl: Sequence[str]) -> None: ...
     def add_column(self, table: str, column: str, decl: str) -> None: ...
     def close(self) -> None: ...
@@ -105,8 +115,9 @@ def _dicts(cur: sqlite3.Cursor) -> list[Row]:
 class _SQLiteTx:
     lock_rows = ""  # BEGIN IMMEDIATE already holds the write lock
 
-    def __init__(self, db: sqlite3.Connection) -> None:
+    def __init__(self, db: sqlite3.Connection, clock: Callable[[], float] = time.time) -> None:
         self._db = db
+        self._clock = clock
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> Result:
         with _sqlite_errors("journal"):
@@ -122,18 +133,38 @@ class _SQLiteTx:
             return int(self._db.execute(sql, tuple(args)).lastrowid or 0)
 
     def clock(self) -> float:
-        return time.time()
+        return self._clock()
 
 
-@contextmanager
-def _sqlite_errors(where: str) -> Iterator[None]:
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the file at `path`; None when there is none."""
     try:
-        yield
-    except sqlite3.IntegrityError as exc:
-        if "UNIQUE" in str(exc):
-            raise DuplicateKey(f"journal ({where}): {exc}") from exc
-        raise JournalError(f"journal ({where}): {exc}") from exc
-    except sqlite3.Error as exc:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+class _sqlite_errors:  # noqa: N801 - used as a function: `with _sqlite_errors(where):`
+    """SQLite's errors as the journal's (a class, not a generator: it wraps every statement)."""
+
+    __slots__ = ("where",)
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> Literal[False]:  # fmt: skip
+        if exc is None or not isinstance(exc, sqlite3.Error):
+            return False
+        where = self.where
+        if isinstance(exc, sqlite3.IntegrityError):
+            if "UNIQUE" in str(exc):
+                raise DuplicateKey(f"journal ({where}): {exc}") from exc
+            raise JournalError(f"journal ({where}): {exc}") from exc
         raise JournalError(f"journal ({where}): {type(exc).__name__}: {exc}") from exc
 
 
@@ -142,8 +173,11 @@ class SQLiteStore:
 
     kind = "sqlite"
 
-    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
+    def __init__(self, path: str | Path, *, read_only: bool = False,
+                 clock: Callable[[], float] = time.time) -> None:  # fmt: skip
+        """`clock` is the store's clock (`Tx.clock`): the host's wall clock."""
         self.path = Path(path)
+        self._clock = clock
         self.where = str(self.path)
         self.read_only = read_only
         self._lock = threading.RLock()
@@ -153,6 +187,7 @@ class SQLiteStore:
                 self._db = sqlite3.connect(uri, uri=True, check_same_thread=False,
                                            isolation_level=None)  # fmt: skip
                 self._db.execute("PRAGMA busy_timeout=5000")
+            self._file = _file_id(self.path)
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with _sqlite_errors(self.where):
@@ -160,6 +195,17 @@ class SQLiteStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA busy_timeout=5000")
+        self._file = _file_id(self.path)
+
+    def vanished(self) -> str | None:
+        """The file was deleted, or another file put in its place, since it was opened (the
+        connection would go on writing to the old one, which nobody reads)."""
+        now = _file_id(self.path)
+        if now is None:
+            return f"the journal file {self.where} is missing"
+        if self._file is not None and now != self._file:
+            return f"the journal file {self.where} was replaced by another file"
+        return None
 
     def tx(self) -> AbstractContextManager[Tx]:
         return self._transaction("BEGIN IMMEDIATE")
@@ -176,7 +222,7 @@ class SQLiteStore:
             with _sqlite_errors(self.where):
                 self._db.execute(begin)
             try:
-                yield _SQLiteTx(self._db)
+                yield _SQLiteTx(self._db, self._clock)
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
@@ -187,7 +233,7 @@ class SQLiteStore:
         with _sqlite_errors(self.where):
             self._db.execute("SAVEPOINT nested")
         try:
-            yield _SQLiteTx(self._db)
+            yield _SQLiteTx(self._db, self._clock)
         except BaseException:
             self._db.execute("ROLLBACK TO nested")
             self._db.execute("RELEASE nested")
@@ -332,6 +378,11 @@ class PostgresStore:
     def add_column(self, table: str, column: str, decl: str) -> None:
         with self.tx() as db:
             db.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {decl}")
+
+    def vanished(self) -> str | None:
+        """None: a schema has no file to lose; its identity row (`Meta.check_identity`)
+        tells whether it is still the journal this process opened."""
+        return None
 
     def drop(self) -> None:
         """Drop the whole schema (tests and `fleetgate` tooling only)."""

@@ -13,6 +13,11 @@ tick still running when the loss is noticed is refused too.
 A term runs `ttl_s` minus a takeover slack past each renewal, and a standby tries again just
 after it ends, so a dead leader is replaced within `ttl_s` of its death, not `ttl_s` plus a poll.
 
+A lease never runs longer than its holder's `ttl_s` (kept in the row) from now: a row whose
+expiry lies further ahead (the clock it was written by has since stepped back, say by two hours
+after a crash) is implausible and counts as expired, so a dead holder's lease cannot outlive
+its TTL whatever the wall clock did; a live holder simply renews it at its next renewal.
+
 The provider cannot check a token itself, so a leader also stops acting while its lease has
 less than `margin_s` left: an action recorded then could still be running when a successor
 takes over.
@@ -36,13 +41,15 @@ log = logging.getLogger(__name__)
 
 LEADER = "leader"
 TAKEOVER_SLACK_S = 0.25  # at most a tenth of the TTL: a standby's wake-up and transaction
+PLAUSIBLE_SLACK_S = 1.0  # beyond now + ttl_s + this, an expiry is implausible (a clock step)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS leases (
   name TEXT PRIMARY KEY, holder TEXT NOT NULL, token INTEGER NOT NULL, acquired_at REAL NOT NULL,
-  expires_at REAL NOT NULL
+  expires_at REAL NOT NULL, ttl_s REAL
 );
 """
+COLUMNS = (("leases", "ttl_s", "REAL"),)  # added since the table first shipped
 
 
 def default_holder() -> str:
@@ -56,14 +63,23 @@ class LeaseState:
     holder: str | None
     token: int
     expires_in_s: float  # negative: expired that long ago
+    implausible: bool = False  # its expiry lies beyond now + ttl: the clock stepped back
 
     @property
     def live(self) -> bool:
-        return self.holder is not None and self.expires_in_s > 0
+        return self.holder is not None and self.expires_in_s > 0 and not self.implausible
 
     def as_dict(self) -> dict[str, Any]:
-        return {"holder": self.holder, "token": self.token,
-                "expires_in_s": round(self.expires_in_s, 1), "live": self.live}  # fmt: skip
+        shown = {"holder": self.holder, "token": self.token,
+                 "expires_in_s": round(self.expires_in_s, 1), "live": self.live}  # fmt: skip
+        if self.implausible:
+            shown["implausible"] = True
+        return shown
+
+
+def plausible(expires_in_s: float, ttl_s: float | None) -> bool:
+    """Whether a lease with `expires_in_s` left can be one granted for `ttl_s` at most."""
+    return ttl_s is None or expires_in_s <= ttl_s + PLAUSIBLE_SLACK_S
 
 
 class Lease:
@@ -78,6 +94,9 @@ class Lease:
         self.ttl_s, self.margin_s = ttl_s, margin_s
         self.token: int | None = None  # set while leading
         self.term_s = ttl_s - min(TAKEOVER_SLACK_S, ttl_s / 10)  # how long a renewal holds
+        if not getattr(journal.store, "read_only", False):
+            for table, column, decl in COLUMNS:
+                journal.store.add_column(table, column, decl)
 
     @property
     def leading(self) -> bool:
@@ -99,7 +118,7 @@ class Lease:
             # not check
             self.journal.actions.fence = Fence(self.name, self.holder, was)
         if token is not None and was != token:
-            log.warning("leading as %s (lease %r, token %d, ttl %.0f s)", self.holder,
+            log.info("leading as %s (lease %r, token %d, ttl %.0f s)", self.holder,
                         self.name, token, self.ttl_s)  # fmt: skip
         elif token is None and was is not None:
             log.warning("lost the lease %r (token %d): standing by", self.name, was)
@@ -108,32 +127,37 @@ class Lease:
     def _acquire(self) -> int | None:
         with self.journal.tx() as db:
             now = db.clock()
-            row = db.execute("SELECT holder, token, expires_at FROM leases WHERE name = ?"
-                             + db.lock_rows, (self.name,)).fetchone()  # fmt: skip
+            row = db.execute("SELECT * FROM leases WHERE name = ?" + db.lock_rows,
+                             (self.name,)).fetchone()  # fmt: skip
             if row is None:
-                db.execute("INSERT INTO leases(name, holder, token, acquired_at, expires_at) "
-                           "VALUES (?, ?, 1, ?, ?)", (self.name, self.holder, now,
-                                                      now + self.term_s))  # fmt: skip
+                db.execute("INSERT INTO leases(name, holder, token, acquired_at, expires_at, "
+                           "ttl_s) VALUES (?, ?, 1, ?, ?, ?)",
+                           (self.name, self.holder, now, now + self.term_s,
+                            self.ttl_s))  # fmt: skip
                 return 1
-            live = float(row["expires_at"]) > now
-            if live and row["holder"] == self.holder and int(row["token"]) == self.token:
-                db.execute("UPDATE leases SET expires_at = ? WHERE name = ?",
-                           (now + self.term_s, self.name))  # fmt: skip
+            state = _state(row, now, self.ttl_s)
+            if state.implausible:
+                log.warning("lease %r: held by %s for %.0f s more, longer than its ttl: the "
+                            "clock stepped back; treated as expired", self.name, state.holder,
+                            state.expires_in_s)  # fmt: skip
+            if state.live and state.holder == self.holder and state.token == self.token:
+                db.execute("UPDATE leases SET expires_at = ?, ttl_s = ? WHERE name = ?",
+                           (now + self.term_s, self.ttl_s, self.name))  # fmt: skip
                 return self.token
-            if live:
+            if state.live:
                 return None  # someone else leads (or an earlier term of ours, not renewed)
-            token = int(row["token"]) + 1
-            db.execute("UPDATE leases SET holder = ?, token = ?, acquired_at = ?, expires_at = ? "
-                       "WHERE name = ?", (self.holder, token, now, now + self.term_s,
-                                          self.name))  # fmt: skip
+            token = state.token + 1
+            db.execute("UPDATE leases SET holder = ?, token = ?, acquired_at = ?, expires_at = ?, "
+                       "ttl_s = ? WHERE name = ?", (self.holder, token, now, now + self.term_s,
+                                                    self.ttl_s, self.name))  # fmt: skip
             return token
 
     def may_act(self) -> bool:
         """Leading, with more than `margin_s` of the lease left (by the store's clock)."""
         if self.token is None:
             return False
-        state = read(self.journal, self.name)
-        return (state.holder == self.holder and state.token == self.token
+        state = read(self.journal, self.name, ttl_s=self.ttl_s)
+        return (state.live and state.holder == self.holder and state.token == self.token
                 and state.expires_in_s > self.margin_s)  # fmt: skip
 
     def release(self) -> None:
@@ -148,11 +172,19 @@ class Lease:
         self.journal.actions.fence = None
 
 
-def read(journal: Journal, name: str = LEADER) -> LeaseState:
+def read(journal: Journal, name: str = LEADER, *, ttl_s: float | None = None) -> LeaseState:
+    """The lease as the store sees it now; one running longer than its holder's TTL (or, for
+    a row written before the TTL was kept, than `ttl_s`) is implausible."""
     with journal.tx() as db:
         now = db.clock()
-        row = db.execute("SELECT holder, token, expires_at FROM leases WHERE name = ?",
-                         (name,)).fetchone()  # fmt: skip
+        row = db.execute("SELECT * FROM leases WHERE name = ?", (name,)).fetchone()
     if row is None:
         return LeaseState(None, 0, 0.0)
-    return LeaseState(str(row["holder"]), int(row["token"]), float(row["expires_at"]) - now)
+    return _state(row, now, ttl_s)
+
+
+def _state(row: dict[str, Any], now: float, ttl_s: float | None) -> LeaseState:
+    left = float(row["expires_at"]) - now
+    kept = row.get("ttl_s")
+    bound = float(kept) if kept is not None else ttl_s
+    return LeaseState(str(row["holder"]), int(row["token"]), left, not plausible(left, bound))

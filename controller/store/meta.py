@@ -2,14 +2,22 @@
 
 Tables: `ticks`, `rule_reloads`, `kv`. The key/value table is shared by name: the tracks and
 hosts (`controller/store/fleet.py`) keep their version stamps in it under keys of their own.
+
+The journal's identity is a random id under `journal_id`, written once: a controller notes it
+and checks before acting (`check_identity`) that the journal it writes to is still that one
+and still the one at its address (a SQLite file deleted or swapped, a schema dropped and made
+again, the row deleted), or it stops acting.
 """
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 from controller.store.aggregate import Aggregate, dumps, loads
+from controller.store.backend import JournalError, JournalLost
 
+IDENTITY = "journal_id"
 MAX_PROBLEMS_CHARS = 20_000  # of a failed reload's problems, as stored
 
 UPSERT_KV = ("INSERT INTO kv(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET "
@@ -39,6 +47,34 @@ CREATE TABLE IF NOT EXISTS rule_reloads (
     def put(self, key: str, value: Any) -> None:
         with self.tx() as db:
             db.execute(UPSERT_KV, (key, dumps(value)))
+
+    # ---- identity --------------------------------------------------------------------------
+    def identity(self) -> str:
+        """This journal's id, made on first use."""
+        with self.tx() as db:
+            row = db.execute("SELECT value FROM kv WHERE key = ?", (IDENTITY,)).fetchone()
+            if row is not None:
+                return str(loads(row["value"]))
+            made = secrets.token_hex(16)
+            db.execute(UPSERT_KV, (IDENTITY, dumps(made)))
+            return made
+
+    def check_identity(self, expected: str) -> None:
+        """Raise `JournalLost` unless this is still the journal whose id is `expected`."""
+        why = self.store.vanished()
+        if why is None:
+            try:
+                found = self.get(IDENTITY)
+            except JournalError as exc:
+                if "no such table" not in str(exc) and "does not exist" not in str(exc):
+                    raise
+                found = None
+            if found is None:
+                why = f"the journal at {self.store.where} has no identity row any more"
+            elif found != expected:
+                why = f"the journal at {self.store.where} is another journal now"
+        if why is not None:
+            raise JournalLost(why)
 
     # ---- ticks -----------------------------------------------------------------------------
     def start_tick(self, now: float, rules: str) -> int:

@@ -7,8 +7,9 @@ ntfy.json.j2 renders, the priority, and, when the controller's HTTP API is confi
 `Authorization: Bearer <that escalation's answer capability>`. Without both there are no
 buttons; the message still carries the CLI commands.
 
-The buttons never hold the API token itself: they hold `controller.service.api.answer_capability`
-(token, escalation id), an HMAC that can answer that one escalation and nothing else. It still
+The buttons never hold the API token itself: each holds `escalation.capabilities.answer_capability`,
+an HMAC that can give that one answer (Approve: the proposal the message shows; Deny) to that one
+escalation of that journal until its deadline, and nothing else. It still
 travels inside the notification (ntfy keeps it in its cache, and every subscriber of the topic
 can read it and so answer that escalation): give ntfy a topic with access control. The access
 token, the answer token and capability, and the topic never appear in a log line or an error.
@@ -107,7 +108,7 @@ class NtfyChannel:
             "priority": self.priority,
             "tags": [str(tag) for tag in parts["tags"]],
         }
-        actions = self._buttons(parts["answer_url"], esc.get("id"))
+        actions = self._buttons(parts["answer_url"], esc)
         if actions:
             payload["actions"] = actions
         headers = (
@@ -116,17 +117,33 @@ class NtfyChannel:
         secrets = [self._topic, *self._secret_values(), *_bearers(actions)]
         self._http.post_json(self.url, payload, headers=headers, what=what, secrets=secrets)
 
-    def _buttons(self, answer_url: str | None, esc_id: Any) -> list[dict[str, Any]]:
-        if not answer_url or self._answer_token is None or not isinstance(esc_id, int):
+    def _buttons(self, answer_url: str | None, esc: dict[str, Any]) -> list[dict[str, Any]]:
+        esc_id, journal_id, deadline = esc.get("id"), esc.get("journal_id"), esc.get("deadline")
+        if (
+            not answer_url
+            or self._answer_token is None
+            or not isinstance(esc_id, int)
+            or not isinstance(journal_id, str)
+            or not isinstance(deadline, int | float)
+        ):
             return []
-        auth = f"Bearer {answer_capability(self._answer_token, esc_id)}"
         return [
             {
                 "action": "http",
                 "label": label,
                 "url": answer_url,
                 "method": "POST",
-                "headers": {"Authorization": auth, "Content-Type": "application/json"},
+                "headers": {
+                    "Authorization": "Bearer "
+                    + answer_capability(
+                        self._answer_token,
+                        esc_id,
+                        journal_id=journal_id,
+                        choice=decision,
+                        expires=deadline,
+                    ),
+                    "Content-Type": "application/json",
+                },
                 "body": json.dumps({"decision": decision}),
                 "clear": True,
             }

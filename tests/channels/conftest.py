@@ -12,7 +12,7 @@ from fakes.receiver import Receiver
 
 from escalation.channels.http import HttpClient
 
-from .helpers import ANSWER_URL, sample_esc
+from .helpers import ANSWER_URL, VIEW_URL, sample_esc
 
 
 @pytest.fixture
@@ -33,6 +33,7 @@ def how() -> dict[str, Any]:
         "approve_http": f'curl -X POST -d \'{{"decision":"approve"}}\' {ANSWER_URL}',
         "deny_http": f'curl -X POST -d \'{{"decision":"deny"}}\' {ANSWER_URL}',
         "answer_url": ANSWER_URL,
+        "view_url": VIEW_URL,
     }
 
 

@@ -24,7 +24,7 @@ from escalation.channels.alertmanager import ALERTNAME, AlertmanagerChannel, lab
 from escalation.channels.base import ChannelError
 from escalation.channels.http import HttpClient
 
-from .helpers import ANSWER_URL, sample_esc, send
+from .helpers import VIEW_URL, sample_esc, send
 
 BINARY = os.environ.get("FLEETGATE_ALERTMANAGER", "/usr/bin/prometheus-alertmanager")
 CONFIG = """\
@@ -129,7 +129,7 @@ def test_an_escalation_is_an_active_alert_until_resolved(
     assert notes["deny"].startswith("fleetgate escalations deny 12 | curl -X POST")
     assert notes["deadline"] == first["deadline_iso"]
     assert "Approve:  fleetgate escalations approve 12\n" in notes["description"]
-    assert alert["generatorURL"] == ANSWER_URL
+    assert alert["generatorURL"] == VIEW_URL  # a GET page, not the POST-only answer
     assert _parse(alert["endsAt"]) == _parse(first["deadline_iso"])
     assert _parse(alert["startsAt"]) == _parse(first["created_at_iso"])
 
@@ -157,7 +157,7 @@ def test_alertmanager_refusing_the_alert_is_a_channel_error_at_once(
 def test_label_values_are_sanitized_and_there_is_no_link_without_an_answer_url(
     rx: Receiver, http: HttpClient, how: dict[str, Any]
 ) -> None:
-    del how["answer_url"]
+    del how["answer_url"], how["view_url"]
     esc = sample_esc(subject="instance:1\n\x07 evil\tlabel " + "x" * 300, kind="stuck")
     send(AlertmanagerChannel(rx.url + "/", severity="critical", http=http), esc, how)
     [request] = rx.requests

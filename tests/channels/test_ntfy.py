@@ -49,16 +49,22 @@ def test_the_publish_carries_topic_title_message_priority_tags(
 def test_the_buttons_post_the_decision_to_the_answer_url_with_a_capability(
     rx: Receiver, http: HttpClient, esc: dict[str, Any], how: dict[str, Any]
 ) -> None:
+    esc = dict(esc, journal_id="j1", deadline=1_700_000_000.0)
     send(ntfy(rx.url, http), esc, how)
     body = rx.requests[0].json
-    bearer = f"Bearer {answer_capability(API_TOKEN, 12)}"
+
+    def bearer(choice: str) -> str:  # one escalation of one journal, one choice, its deadline
+        return "Bearer " + answer_capability(API_TOKEN, 12, journal_id="j1", choice=choice,
+                                             expires=1_700_000_000)  # fmt: skip
+
+    assert bearer("approve") != bearer("deny")
     assert body["actions"] == [
         {
             "action": "http",
             "label": label,
             "url": ANSWER_URL,
             "method": "POST",
-            "headers": {"Authorization": bearer, "Content-Type": "application/json"},
+            "headers": {"Authorization": bearer(decision), "Content-Type": "application/json"},
             "body": json.dumps({"decision": decision}),
             "clear": True,
         }
@@ -110,7 +116,10 @@ def test_errors_and_logs_hold_no_token_topic_or_capability(
     how: dict[str, Any],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    capability = answer_capability(API_TOKEN, 12)
+    esc = dict(esc, journal_id="j1", deadline=1_700_000_000.0)
+    capability = answer_capability(
+        API_TOKEN, 12, journal_id="j1", choice="approve", expires=1_700_000_000
+    )
     rx.script([503, 400])  # a server that echoes what it got
     rx.body = json.dumps(
         {"error": f"bad {TOPIC} {ACCESS.get_secret_value()} {capability}"}

@@ -13,7 +13,7 @@ from escalation.channels.base import ChannelError
 from escalation.channels.http import HttpClient
 from escalation.channels.pagerduty import PagerDutyChannel, dedup_key
 
-from .helpers import ANSWER_URL, send
+from .helpers import VIEW_URL, send
 
 KEY = SecretStr("R0UTINGKEY0123456789abcdef012345")
 
@@ -48,7 +48,7 @@ def test_trigger_then_resolve_with_the_same_dedup_key(
     assert details["if_no_answer"] == esc["default_action"]
     assert details["proposals"] == esc["proposals"]
     assert "Approve:  fleetgate escalations approve 12\n" in details["message"]
-    assert trigger["links"][0]["href"] == ANSWER_URL
+    assert trigger["links"][0]["href"] == VIEW_URL  # a GET page, not the POST-only answer
     assert resolve == {
         "routing_key": KEY.get_secret_value(),
         "event_action": "resolve",
@@ -60,7 +60,7 @@ def test_trigger_then_resolve_with_the_same_dedup_key(
 def test_the_summary_is_capped_and_links_need_an_answer_url(
     rx: Receiver, http: HttpClient, make_esc: Any, how: dict[str, Any]
 ) -> None:
-    del how["answer_url"], how["approve_http"], how["deny_http"]
+    del how["answer_url"], how["approve_http"], how["deny_http"], how["view_url"]
     send(pd(rx.url, http), make_esc(summary="x" * 5000), how)
     trigger = rx.requests[0].json
     assert len(trigger["payload"]["summary"]) == 1024

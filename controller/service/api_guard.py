@@ -1,0 +1,121 @@
+"""The HTTP API's front door: an ASGI middleware that runs before any route reads a byte of
+the body.
+
+1. the request's path and `Authorization` header go to a `Policy`, which answers a refusal
+   (401, 404) or nothing: a caller without the token is refused before its body is read;
+2. a declared `Content-Length` over the path's cap is refused with 413 at once;
+3. the body is then counted as the route reads it; the chunk that crosses the cap ends the
+   read and the answer is 413, so no route ever holds more than the cap.
+
+Refusals carry `Connection: close`: the server stops reading the rest of an upload instead of
+draining it. Their bodies name the problem, never the input.
+
+This module decides nothing about the fleet and touches no store.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+MAX_ID = 2**63 - 1  # the largest id a journal row can have (SQLite and PostgreSQL BIGINT)
+_INT = re.compile(r"^-?[0-9]+$")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    status: int
+    detail: str
+
+
+# path, Authorization header -> a refusal, or None to let the request through
+Policy = Callable[[str, str], Refusal | None]
+# path -> the most body bytes a request to it may carry
+Cap = Callable[[str], int]
+
+
+def bad_id(segment: str) -> bool:
+    """Whether a path segment that should be a row id is one no row can have (a number
+    below 1 or beyond 2**63-1): such an id names nothing."""
+    if not _INT.match(segment):
+        return False
+    digits = segment.lstrip("-").lstrip("0")
+    return segment.startswith("-") or len(digits) > 19 or not 1 <= int(digits or "0") <= MAX_ID
+
+
+def bearer(authorization: str) -> str:
+    scheme, _, given = authorization.partition(" ")
+    return given if scheme.lower() == "bearer" else ""
+
+
+class TooLarge(Exception):
+    """The body crossed its cap while a route was reading it."""
+
+
+class Guard:
+    """The middleware: `policy` before the body, `cap` on it."""
+
+    def __init__(self, app: ASGIApp, policy: Policy, cap: Cap) -> None:
+        self.app, self.policy, self.cap = app, policy, cap
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = str(scope.get("path", ""))
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                   for k, v in scope.get("headers", [])}  # fmt: skip
+        refusal = self.policy(path, headers.get("authorization", ""))
+        if refusal is not None:
+            await _answer(send, refusal)
+            return
+        cap = self.cap(path)
+        length = headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > cap):
+            await _answer(send, Refusal(413, f"body over {cap} bytes"))
+            return
+        await self._capped(scope, receive, send, cap)
+
+    async def _capped(self, scope: Scope, receive: Receive, send: Send, cap: int) -> None:
+        seen = 0
+        over = False
+        started = False
+
+        async def counted() -> Message:
+            nonlocal seen, over
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > cap:
+                    over = True
+                    raise TooLarge
+            return message
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            if over:  # whatever the route made of the cut body, the answer is 413
+                return
+            started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counted, sending)
+        except Exception:
+            if not over:
+                raise
+        if over and not started:
+            await _answer(send, Refusal(413, f"body over {cap} bytes"))
+
+
+async def _answer(send: Callable[[Message], Awaitable[None]], refusal: Refusal) -> None:
+    body = json.dumps({"detail": refusal.detail}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"connection", b"close")]  # fmt: skip
+    if refusal.status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

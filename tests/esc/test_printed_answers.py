@@ -1,0 +1,118 @@
+"""Every printed way to answer works as pasted: the real message's curl lines run by bash
+against a running API on loopback, and its links open a GET page."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from pydantic import SecretStr
+
+from controller.service.api import Server, create_app
+from controller.store.journal import Journal
+from escalation import approvals
+from escalation.notify import Notifier
+from escalation.render import Renderer
+from escalation.router import Escalator
+from escalation.situation import from_dict
+
+TOKEN = "printed-answer-token"
+
+
+HOLD = {"action": "hold", "params": {}}
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[tuple[str, Journal]]:
+    journal = Journal(tmp_path / "j.db")
+    server = Server(create_app(journal, SecretStr(TOKEN), clock=lambda: 500.0), "127.0.0.1", 0)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{server.port}", journal
+    finally:
+        server.stop()
+        journal.close()
+
+
+def raise_one(j: Journal) -> int:
+    situation = {
+        "kind": "unmatched",
+        "subject": "instance:7",
+        "summary": "frozen",
+        "facts": [{"id": "7", "machine_id": "m-1"}],
+        "key": {},
+        "proposals": [
+            {
+                "action": "reboot",
+                "params": {"instance": "7"},
+                "proposer": "rule:r",
+                "confidence": 0.5,
+                "reason": "frozen",
+            }
+        ],
+        "recent_actions": [],
+        "fleet": {},
+        "budget": {},
+        "allowed_actions": ["hold", "reboot", "destroy"],
+        "default_action": {"action": "hold", "params": {}},
+        "created_at": 100.0,
+    }
+    return j.escalations.add_escalation(fingerprint="fp", kind="unmatched", subject="instance:7",
+                                        summary="frozen", now=100.0, deadline=2000.0,
+                                        situation=situation,
+                                        default_action=HOLD)  # fmt: skip
+
+
+def message(e: Escalator, j: Journal, esc: int, template: str) -> str:
+    s = from_dict(j.escalations.escalation(esc)["situation"])
+    d: dict[str, Any] = e._esc_dict(esc, {**s.__dict__, "facts": list(s.facts),
+                                          "proposals": list(s.proposals),
+                                          "recent_actions": [], "allowed_actions":
+                                          list(s.allowed_actions)}, "fp", 100.0)  # fmt: skip
+    return Renderer().render(template, esc=d, how=e.how(esc))
+
+
+def curl_lines(text: str) -> list[str]:
+    text = text.replace('\\"', '"').replace("\\\\", "\\")  # JSON templates quote the lines
+    return re.findall(r"curl -sS [^\n|]*?/answer", text)
+
+
+@pytest.mark.parametrize("template", ["message.txt.j2", "ntfy.json.j2", "slack.json.j2",
+                                      "email.txt.j2", "pagerduty.json.j2", "webhook.json.j2",
+                                      "alertmanager.json.j2"])  # fmt: skip
+def test_the_printed_curl_lines_work_as_pasted(api: tuple[str, Journal], template: str) -> None:
+    base, j = api
+    esc = raise_one(j)
+    e = Escalator(j, Notifier([], Renderer()), window_s=60, deadline_s=1900, answer_url=base)
+    text = message(e, j, esc, template)
+    lines = curl_lines(text)
+    approve = [line for line in lines if "approve" in line]
+    assert approve, f"{template} prints no approve curl line"
+    env = {**os.environ, "FLEETGATE_API_TOKEN": TOKEN}
+    run = subprocess.run(["bash", "-c", approve[0]], env=env, capture_output=True, text=True,
+                         timeout=30)  # fmt: skip
+    assert run.returncode == 0 and '"approved"' in run.stdout, run.stdout + run.stderr
+    [p] = approvals.approved_proposals(j)  # what the next tick's apply receives
+    assert (p.action, p.params["instance"], p.proposer) == ("reboot", "7", "human:operator")
+
+
+@pytest.mark.parametrize(
+    "template,where", [("pagerduty.json.j2", "href"), ("alertmanager.json.j2", "generatorURL")]
+)
+def test_the_links_open_a_get_page(api: tuple[str, Journal], template: str, where: str) -> None:
+    import json
+
+    base, j = api
+    esc = raise_one(j)
+    e = Escalator(j, Notifier([], Renderer()), window_s=60, deadline_s=1900, answer_url=base)
+    doc = json.loads(message(e, j, esc, template))
+    url = doc["links"][0]["href"] if where == "href" else doc["generatorURL"]
+    page = requests.get(url, timeout=10)
+    assert page.status_code == 200
+    assert page.json()["status"] == "pending" and "escalations approve" in page.json()["answer"]
