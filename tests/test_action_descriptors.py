@@ -23,7 +23,7 @@ from escalation.situation import Situation
 NOW = 100_000.0
 PARAMS: dict[str, dict[str, Any]] = {
     "launch": {"count": 1}, "scale_to": {"count": 3}, "destroy": {"instance": "i1"},
-    "replace": {"instance": "i1"}, "drain": {"instance": "i1"},
+    "replace": {"instance": "i1"}, "drain": {"instance": "i1"}, "undrain": {"instance": "i1"},
     "restart_daemon": {"instance": "i1"}, "reboot": {"instance": "i1"},
     "block_host": {"machine": "m1", "for": 60.0}, "notify": {"message": "look"},
     "escalate": {"reason": "look"}, "hold": {"reason": "wait"},
@@ -98,6 +98,9 @@ class Fleet:
 
     def drain(self, instance_id: str) -> None:
         self.calls.append(("drain", instance_id))
+
+    def undrain(self, instance_id: str) -> None:
+        self.calls.append(("undrain", instance_id))
 
 
 def carried_out(tmp_path: Path, action: str) -> tuple[str, list[tuple[str, str]]]:

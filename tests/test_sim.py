@@ -416,8 +416,10 @@ def test_trace_loader_reads_the_slice() -> None:
     second = gpu_rows[1]
     assert tasks[1].arrival_s == pytest.approx((float(second["creation_time"]) - first) * 0.01)
     life = float(second["deletion_time"]) - float(second["creation_time"])
-    assert tasks[1].service_s == pytest.approx(max(60.0, life * 0.1))
-    assert min(t.service_s for t in tasks) >= 60.0
+    assert tasks[1].service_s == pytest.approx(life * 0.1)  # as recorded, scaled: no floor
+    assert min(t.service_s for t in tasks) < 60.0
+    floored = load_trace(SLICE, time_scale=0.01, service_scale=0.1, min_service_s=60.0)
+    assert min(t.service_s for t in floored) == 60.0
     assert len(load_trace(SLICE, limit=10)) == 10
 
 

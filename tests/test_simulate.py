@@ -174,8 +174,8 @@ def test_trace_loader_reads_a_duration_column_with_scales(tmp_path: Path) -> Non
     csv.write_text("# proofs\nsubmitted,took,gpus\n1000,300,1\n1100,20,2\n1050,900,0\n1400,100,1\n")
     got = load_trace(csv, arrival_col="submitted", service_col="took", filter_gpu_col="gpus",
                      time_scale=0.5, service_scale=2.0)  # fmt: skip
-    # the 0-GPU row is dropped; arrivals (t - 1000) x 0.5; services max(60, took x 2)
-    assert got == [TraceTask(0.0, 600.0), TraceTask(50.0, 60.0), TraceTask(200.0, 200.0)]
+    # the 0-GPU row is dropped; arrivals (t - 1000) x 0.5; services took x 2, no floor
+    assert got == [TraceTask(0.0, 600.0), TraceTask(50.0, 40.0), TraceTask(200.0, 200.0)]
     every = load_trace(csv, arrival_col="submitted", service_col="took", filter_gpu_col=None)
     assert len(every) == 4 and every[1] == TraceTask(50.0, 900.0)
 
@@ -184,16 +184,18 @@ def test_trace_loader_caps_service_times(tmp_path: Path) -> None:
     csv = tmp_path / "jobs.csv"
     csv.write_text("creation_time,deletion_time,num_gpu\n0,100,1\n10,90010,1\n20,5020,1\n")
     got = load_trace(csv, max_service_s=3600.0, service_scale=0.5)
-    # lifetimes 100, 90000, 5000 halved: 60 (the floor), 45000 -> 3600, 2500
-    assert [t.service_s for t in got] == [60.0, 3600.0, 2500.0]
-    assert load_trace(csv, max_service_s=10.0)[1].service_s == 60.0  # never below the floor
+    # lifetimes 100, 90000, 5000 halved: 50, 45000 -> 3600, 2500
+    assert [t.service_s for t in got] == [50.0, 3600.0, 2500.0]
+    floored = load_trace(csv, min_service_s=60.0, max_service_s=3600.0, service_scale=0.5)
+    assert [t.service_s for t in floored] == [60.0, 3600.0, 2500.0]  # the floor only when asked
+    assert [t.service_s for t in load_trace(csv, max_service_s=10.0)] == [10.0, 10.0, 10.0]
 
 
 def test_trace_loader_reads_custom_start_and_end_columns(tmp_path: Path) -> None:
     csv = tmp_path / "jobs.csv"
     csv.write_text("start,stop\n500,1700\n400,460\n")
     got = load_trace(csv, arrival_col="start", end_col="stop", filter_gpu_col=None)
-    assert got == [TraceTask(0.0, 60.0), TraceTask(100.0, 1200.0)]
+    assert got == [TraceTask(0.0, 60.0), TraceTask(100.0, 1200.0)]  # 460 - 400: as recorded
 
 
 def test_trace_loader_names_path_and_line_of_a_bad_row(tmp_path: Path) -> None:

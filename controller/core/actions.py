@@ -109,6 +109,9 @@ DESCRIPTORS: dict[str, Descriptor] = {d.name: d for d in (
                destructive=True, held_on_sensing_failure=_FLEET),
     Descriptor("drain", OnInstance, "Stop giving new tasks to an instance (Curio "
                "unschedulable).", "provider_call", held_on_sensing_failure=_FLEET),
+    Descriptor("undrain", OnInstance, "Give a drained instance new tasks again (clear Curio "
+               "unschedulable); it counts as capacity again.", "provider_call",
+               held_on_sensing_failure=_FLEET),
     Descriptor("restart_daemon", OnInstance, "Restart the proving daemon (cuzk) on an "
                "instance.", "provider_call"),
     Descriptor("reboot", OnInstance, "Reboot an instance.", "provider_call", destructive=True,
@@ -126,7 +129,7 @@ DESCRIPTORS: dict[str, Descriptor] = {d.name: d for d in (
 ACTIONS: dict[str, type[_Params]] = {name: d.params for name, d in DESCRIPTORS.items()}
 
 ActionName = Literal[
-    "launch", "scale_to", "destroy", "replace", "drain", "restart_daemon", "reboot",
+    "launch", "scale_to", "destroy", "replace", "drain", "undrain", "restart_daemon", "reboot",
     "block_host", "notify", "escalate", "hold",
 ]  # fmt: skip
 

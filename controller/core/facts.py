@@ -80,14 +80,19 @@ def _instance_fact(inst: Any, hist: History, now: float) -> dict[str, Any]:
 def fleet_fact(obs: Observation, hist: History, now: float) -> dict[str, Any]:
     inst = obs.instances
     dead = {i.id for i in inst if i.status in DEAD_STATUSES}
-    serving = sum(1 for i in inst if i.stage == "running" and i.status == "running")
+    # A drained instance that runs takes no new task: it is on its way out, not capacity (the
+    # shipped rules undrain it when tasks wait again). One still booting counts as on its way:
+    # its node may have inherited an old cordon on the same host, and it is undrained alike.
+    serving = sum(1 for i in inst if i.stage == "running" and i.status == "running"
+                  and not i.drained)  # fmt: skip
+    active = sum(1 for i in inst if i.id not in hist.retiring and i.id not in dead
+                 and not (i.drained and i.stage == "running"))  # fmt: skip
     total = next((d for d in obs.demand if d.task == "all"), None)
     return {
         "kind": "fleet",
         "id": "fleet",
         "instances": len(inst),
-        "active": sum(1 for i in inst if i.id not in hist.retiring and i.id not in dead)
-        + hist.pending_launches,
+        "active": active + hist.pending_launches,
         "pending_launches": hist.pending_launches,
         "serving": serving,
         "booting": sum(1 for i in inst if i.stage != "running" and i.id not in dead),

@@ -1,8 +1,9 @@
 """Guards: the limits every plan passes, whoever proposed it (a rule, the LLM, a human).
 
 Pure: no network, no database, no clock. Decisions are checked in order, and each one's effect
-(launches, removals, spend) counts against the budgets of the ones after it. A guard may veto,
-trim a count, turn `scale_to` into the `launch` it implies, or turn `destroy` into `drain`
+(launches, removals, spend) counts against the budgets of the ones after it; the plan's
+undrains count as capacity for every `scale_to` of the tick, whatever their order. A guard may
+veto, trim a count, turn `scale_to` into the `launch` it implies, or turn `destroy` into `drain`
 (drain before destroy). Vetoes that need a person (spend cap) become doubts to escalate.
 """
 
@@ -33,6 +34,8 @@ class _Budget:
     launched: int = 0
     removed: int = 0
     spend: float = 0.0
+    returning: int = 0
+    """Drained instances this tick's plan undrains: capacity back without a launch."""
 
 
 @dataclass(frozen=True)
@@ -116,9 +119,10 @@ def _launch(d: Decision, count: int, ctx: Context, b: _Budget, doubts: list[Doub
 
 def _scale_to(d: Decision, ctx: Context, b: _Budget, doubts: list[Doubt]) -> Decision:
     want = int(d.proposal.params["count"])
-    active = int(ctx.fleet.get("active", 0)) + b.launched
+    active = int(ctx.fleet.get("active", 0)) + b.launched + b.returning
     if want <= active:
-        return _noop(d, f"fleet has {active} active instance(s), target {want}")
+        back = f" ({b.returning} undrained this tick)" if b.returning else ""
+        return _noop(d, f"fleet has {active} active instance(s){back}, target {want}")
     return _launch(d, want - active, ctx, b, doubts)
 
 
@@ -199,6 +203,10 @@ def _on_instance(d: Decision, ctx: Context, b: _Budget, doubts: list[Doubt]) -> 
         if inst.get("retiring"):
             return _noop(d, "a replacement is already under way")
         return _launch(d, 1, ctx, b, doubts)
+    if action == "undrain":
+        why = _not_undrainable(inst)
+        if why:
+            return _noop(d, why)
     if (
         action == "restart_daemon"
         and int(inst.get("restarts_1h", 0)) >= ctx.limits.crash_loop_limit
@@ -212,6 +220,24 @@ def _on_instance(d: Decision, ctx: Context, b: _Budget, doubts: list[Doubt]) -> 
     return _cooldown(d, ctx) or d
 
 
+def _not_undrainable(inst: dict[str, Any]) -> str:
+    """Why undraining `inst` would give no capacity back ('' when it would)."""
+    if not inst.get("drained"):
+        return "it is not drained"
+    if inst.get("retiring"):
+        return "it is being replaced: it stays drained until it goes"
+    return ""
+
+
+def _returning(decisions: Sequence[Decision], ctx: Context) -> int:
+    """Drained instances the plan undrains (counted before `scale_to`, whatever the order):
+    capacity coming back that a scale-up would otherwise rent again."""
+    wanted = {str(d.proposal.params.get("instance")) for d in decisions
+              if d.verdict == "act" and d.proposal.action == "undrain"}  # fmt: skip
+    return sum(1 for i in wanted if i in ctx.facts and ctx.facts[i].get("kind") == "instance"
+               and not _not_undrainable(ctx.facts[i]))  # fmt: skip
+
+
 def check(decisions: Sequence[Decision], ctx: Context) -> tuple[list[Decision], list[Doubt]]:
     """Every `act` decision through the guards; other verdicts pass unchanged, except that a
     proposal waiting for approval (`ask`) that the guards would turn into nothing now (a noop,
@@ -220,10 +246,10 @@ def check(decisions: Sequence[Decision], ctx: Context) -> tuple[list[Decision], 
     (paused, sensing, a cooldown) leaves the question to people."""
     out: list[Decision] = []
     doubts: list[Doubt] = []
-    b = _Budget()
+    b = _Budget(returning=_returning(decisions, ctx))
     for d in decisions:
         if d.verdict == "ask":
-            probe = _one(replace(d, verdict="act"), ctx, _Budget(), doubts)
+            probe = _one(replace(d, verdict="act"), ctx, _Budget(returning=b.returning), doubts)
             moot = probe.verdict == "noop" or (probe.verdict == "veto" and probe.guard in _CAPS)
             out.append(replace(probe, why=f"{probe.why}; not put to a person") if moot else d)
             continue

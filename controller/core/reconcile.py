@@ -97,8 +97,10 @@ def _finish(row: dict[str, Any], status: str, result: dict[str, Any]) -> Book:
 
 
 def serving(inst: Instance) -> bool:
-    """Whether the instance proves now: running, past its benchmark, its daemon up."""
-    return inst.status == "running" and inst.stage == "running" and inst.daemon == "up"
+    """Whether the instance proves now: running, past its benchmark, its daemon up, and not
+    drained (a drained node takes no new task)."""
+    return (inst.status == "running" and inst.stage == "running" and inst.daemon == "up"
+            and not inst.drained)  # fmt: skip
 
 
 def followups(replacements: Sequence[dict[str, Any]], obs: Observation, now: float

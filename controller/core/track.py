@@ -141,7 +141,12 @@ def _first(inst: Instance, now: float) -> tuple[Track, list[Event]]:
 
 
 def _bench(inst: Instance) -> dict[str, Any]:
-    return {"machine_id": inst.machine_id, "rate": inst.bench_rate}
+    return {
+        "machine_id": inst.machine_id,
+        "rate": inst.bench_rate,
+        "gpu": inst.gpu_name,
+        "num_gpus": inst.num_gpus,
+    }
 
 
 def _step(old: Track, inst: Instance, now: float) -> tuple[Track, list[Event]]:

@@ -3,10 +3,12 @@ drain. The actuator (`controller.fleet.actuator`) calls these; the sensor
 (`controller.fleet.observe.RealFleet`) never does.
 
 - launch, destroy, reboot, find_by_label: vast (a reboot also closes the agent's commands that
-  nobody picked up: the shipped rule reboots on `command_overdue_s`);
+  nobody picked up: the shipped rule reboots on `command_overdue_s`); every launch issues the
+  instance its own token (`controller.store.instance_tokens`), in its environment at create as
+  FLEETGATE_INSTANCE_TOKEN, bound to the launch label and to the vast id the create returns;
 - restart_daemon: a command queued for the instance's agent (pulled on its next heartbeat);
   without a registered agent, a vast reboot at once;
-- drain: Curio's `unschedulable` on the instance's node;
+- drain, undrain: Curio's `unschedulable` on the instance's node, set and cleared;
 - gone: an instance vanished from vast: its agent's records are dropped.
 """
 
@@ -14,10 +16,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from controller.core.model import Instance
-from controller.fleet.base import LaunchRequest, PermanentProviderError, SensorError
+from controller.fleet.base import (
+    CreateOutcomeUnknown,
+    LaunchRequest,
+    PermanentProviderError,
+    ProviderError,
+    SensorError,
+)
+from controller.store.instance_tokens import TOKEN_ENV
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +44,19 @@ class FleetActions:
         self.command_deadline_s = command_deadline_s
 
     def launch(self, request: LaunchRequest) -> str:
-        return str(self.vast.launch(request))
+        """Rent one instance with its own token in its environment. A create that surely
+        failed revokes the token; one whose outcome is unknown keeps it (it may be renting)."""
+        tokens = self.lifecycle.tokens
+        token = tokens.issue(request.label, self.clock())
+        try:
+            instance_id = str(self.vast.launch(replace(request, env=((TOKEN_ENV, token),))))
+        except CreateOutcomeUnknown:
+            raise
+        except ProviderError:
+            tokens.revoke(request.label)
+            raise
+        tokens.bind(request.label, instance_id)
+        return instance_id
 
     def find_by_label(self, label: str) -> Instance | None:
         found: Instance | None = self.vast.find_by_label(label)
@@ -73,6 +95,16 @@ class FleetActions:
             self.curio.drain(record.host_and_port)
         except SensorError as exc:  # not allowed by the config, or Curio unreachable
             raise PermanentProviderError(f"cannot drain instance {instance_id!r}: {exc}") from exc
+
+    def undrain(self, instance_id: str) -> None:
+        """Clear `unschedulable` on the instance's own Curio node: it takes tasks again."""
+        record = self.lifecycle.resolve(instance_id)
+        if record is None or not record.host_and_port:
+            raise PermanentProviderError(f"instance {instance_id!r} has no known Curio node")
+        try:
+            self.curio.undrain(record.host_and_port)
+        except SensorError as exc:  # not allowed, no such node, or Curio unreachable
+            raise PermanentProviderError(f"cannot undrain instance {instance_id!r}: {exc}") from exc
 
     def gone(self, instance_id: str) -> None:
         """The controller saw this instance vanish from vast: drop what its agent reported."""

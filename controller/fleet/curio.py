@@ -54,6 +54,31 @@ class CurioSettings(BaseModel):
         600.0, gt=0, description="a machine silent this long is stale (Curio drops it at ~10 min)"
     )
     allow_drain: bool = Field(False, description="may fleetgate set harmony_machines.unschedulable")
+    protected_nodes: tuple[str, ...] = Field(
+        (),
+        description="Curio nodes (host:port or machine id) fleetgate never drains, undrains "
+        "or takes for a fleet instance's node, whatever an instance claims",
+    )
+
+    @field_validator("protected_nodes", mode="before")
+    @classmethod
+    def _protected_list(cls, nodes: object) -> object:
+        return tuple(nodes) if isinstance(nodes, list) else nodes
+
+    @field_validator("protected_nodes")
+    @classmethod
+    def _protected(cls, nodes: tuple[str, ...]) -> tuple[str, ...]:
+        for node in nodes:
+            if not node.strip() or len(node) > 300:
+                raise ValueError(f"protected node {node!r}: give a host:port or a machine id")
+        return tuple(node.strip() for node in nodes)
+
+    def protects(self, machine_id: int | None, host_and_port: str | None) -> bool:
+        """Whether the config lists this Curio node (by its id or its host_and_port)."""
+        listed = set(self.protected_nodes)
+        return (machine_id is not None and str(machine_id) in listed) or (
+            host_and_port is not None and host_and_port in listed
+        )
 
     @field_validator("tasks")
     @classmethod
@@ -127,6 +152,12 @@ FROM {schema}.harmony_machines
 """
 
 _SET_UNSCHEDULABLE = "UPDATE {schema}.harmony_machines SET unschedulable = %s WHERE {match}"
+# A protected node is matched by id or by host_and_port, in the same statement that writes:
+# asking for one by the other's name changes nothing either.
+_PROTECTED = """
+SELECT id, host_and_port FROM {schema}.harmony_machines
+WHERE {match} AND (id::text = ANY(%s) OR host_and_port = ANY(%s))
+"""
 
 
 class CurioDemand:
@@ -167,6 +198,8 @@ class CurioDemand:
         return self._set_unschedulable(machine, True)
 
     def undrain(self, machine: int | str) -> int:
+        """Clear `unschedulable` on a machine (by id, or by host_and_port); returns rows matched.
+        Only that one row: a node the operator cordoned elsewhere stays as it is."""
         return self._set_unschedulable(machine, False)
 
     def _set_unschedulable(self, machine: int | str, value: bool) -> int:
@@ -177,9 +210,16 @@ class CurioDemand:
                 "draining is not allowed by the config (allow_drain is false)"
             )
         column, key = _machine_key(machine)
+        if self.settings.protects(key if isinstance(key, int) else None,
+                                  key if isinstance(key, str) else None):  # fmt: skip
+            raise SensorError(f"{verb} of Curio machine {machine!r} refused: it is protected")
         match = sql.SQL("{} = %s").format(sql.Identifier(column))
         query = self._sql(_SET_UNSCHEDULABLE, match=match)
         with self._transaction(f"{verb} of machine {machine!r}", read_only=False) as cur:
+            protected = list(self.settings.protected_nodes)
+            if protected and cur.execute(self._sql(_PROTECTED, match=match),
+                                         [key, protected, protected]).fetchone():  # fmt: skip
+                raise SensorError(f"{verb} of Curio machine {machine!r} refused: it is protected")
             changed = cur.execute(query, [value, key]).rowcount
             if changed == 0:
                 raise SensorError(

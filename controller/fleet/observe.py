@@ -177,6 +177,7 @@ class RealFleet:
             machines = self.curio.machines()
         except SensorError as exc:
             raise SensorError(f"Curio nodes unknown: {exc}") from exc
+        machines = [m for m in machines if not self._protected(m)]
         links = self._link(own, records, machines, launched)
         past_registration = [i for i in own
                              if stage_of(i, links[i.id].record)
@@ -238,6 +239,13 @@ class RealFleet:
                          and (not ip or node_host(record.host_and_port) == ip))  # fmt: skip
             links[inst.id] = Link(record, node, known)
         return links
+
+    def _protected(self, machine: Machine) -> bool:
+        """A node the config protects (the operator's own) is never a fleet instance's node,
+        whatever an instance claims: it is not linked, so never drained or undrained."""
+        settings = getattr(self.curio, "settings", None)
+        protects = getattr(settings, "protects", None)
+        return bool(protects and protects(getattr(machine, "id", None), machine.host_and_port))
 
     def _address(self, instance_id: str) -> str:
         raw = getattr(self.vast, "last_raw", {}).get(instance_id, {})

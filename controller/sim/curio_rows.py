@@ -222,7 +222,8 @@ class _Group:
     retries: int = 0
 
 
-_node = functools.lru_cache(maxsize=4096)(curio_node)  # pure; it runs per node per query
+# pure; it runs per node per query; room for more nodes than the largest world benched
+_node = functools.lru_cache(maxsize=1 << 16)(curio_node)
 
 
 def _queued(world: World) -> Iterator[Task]:

@@ -3,19 +3,29 @@
 The reference trace is Alibaba's `openb_pod_list_default.csv` (cluster-trace-gpu-v2023, Weng et
 al., USENIX ATC 2023): one row per task with `creation_time` and `deletion_time` in seconds from
 the trace start and `num_gpu`. Other CSVs name their own columns: an arrival time and either
-an end time (`end_col`) or a duration (`service_col`). Blank lines and lines starting with `#`
-are skipped; errors name `path:line`.
+an end time (`end_col`) or a duration (`service_col`, seconds). Blank lines and lines starting
+with `#` are skipped; errors name `path:line`.
+
+- Times (arrival, end) are numbers of seconds, or timestamps: ISO-like by default
+  (`2024-11-15 16:57:50`, `2024-11-15T16:57:50+01:00`), else parsed with `time_format`
+  (`strptime`); a timestamp without an offset is in `tz` (default UTC).
+- `where`: row filters (`RowFilter`, from `COL=VALUE` or `COL!=VALUE`); a row is kept when it
+  passes all of them (e.g. `status=finished`, or `status!=failed` and `status!=pending`).
+- `filter_gpu_col`: a GPU-count column used as a filter only: rows where it is 0 (CPU-only
+  tasks) are skipped; any other count is one task, as a proof takes one slot of an instance.
+- Service times are taken as recorded, x `service_scale`: no floor unless `min_service_s` is
+  given, no cap unless `max_service_s` is.
 """
 
 from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, tzinfo
 from pathlib import Path
-
-MIN_SERVICE_S = 60.0
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 
 @dataclass(frozen=True)
@@ -24,6 +34,50 @@ class TraceTask:
 
     arrival_s: float
     service_s: float
+
+
+@dataclass(frozen=True)
+class RowFilter:
+    """Keep a row when its `column` equals `value` (or, with `negate`, differs from it)."""
+
+    column: str
+    value: str
+    negate: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> RowFilter:
+        """`COL=VALUE` or `COL!=VALUE` (spaces around either side are ignored)."""
+        negate = "!=" in text
+        column, sep, value = text.partition("!=" if negate else "=")
+        if not sep or not column.strip():
+            raise ValueError(f"row filter {text!r}: expected COL=VALUE or COL!=VALUE")
+        return cls(column.strip(), value.strip(), negate)
+
+    def keeps(self, record: dict[str, str], where: str) -> bool:
+        if self.column not in record:
+            raise ValueError(f"{where}: no column {self.column!r} (row filter)")
+        return (record[self.column].strip() == self.value) is not self.negate
+
+    def __str__(self) -> str:
+        return f"{self.column}{'!=' if self.negate else '='}{self.value}"
+
+
+def timezone_named(name: str) -> tzinfo:
+    """The time zone `name` (an IANA name such as Europe/Berlin, or UTC); ValueError if unknown."""
+    if name.upper() in ("UTC", "Z"):
+        return UTC
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ValueError(f"unknown time zone {name!r} (expected an IANA name or UTC)") from exc
+
+
+@dataclass(frozen=True)
+class _Times:
+    """How the time columns are read."""
+
+    time_format: str | None
+    tz: tzinfo
 
 
 def load_trace(
@@ -35,32 +89,46 @@ def load_trace(
     filter_gpu_col: str | None = "num_gpu",
     time_scale: float = 1.0,
     service_scale: float = 1.0,
+    min_service_s: float | None = None,
     max_service_s: float | None = None,
+    time_format: str | None = None,
+    tz: str = "UTC",
+    where: Sequence[RowFilter] = (),
     limit: int | None = None,
 ) -> list[TraceTask]:
-    """Tasks of the CSV at `path`, sorted by arrival.
+    """Tasks of the CSV at `path`, sorted by arrival (see the module docstring).
 
-    Rows whose `filter_gpu_col` is 0 are skipped (CPU-only tasks). Arrival is (arrival - the
-    first kept arrival) x `time_scale`; service is max(60, lifetime x `service_scale`), where
-    the lifetime is the `service_col` value when one is named, else `end_col` - `arrival_col`,
-    and at most `max_service_s` when that is given.
-    `limit` keeps only the first `limit` kept rows of the file. Raises ValueError("path:line: ...")
-    on a malformed row and OSError when the file cannot be read.
+    Rows failing a `where` filter, and rows whose `filter_gpu_col` is 0, are skipped. Arrival is
+    (arrival - the first kept arrival) x `time_scale`; service is the lifetime x
+    `service_scale`, where the lifetime is the `service_col` value when one is named, else
+    `end_col` - `arrival_col`; then at least `min_service_s` and at most `max_service_s` when
+    those are given. `limit` keeps only the first `limit` kept rows of the file. Raises
+    ValueError("path:line: ...") on a malformed row (ValueError on bad options) and OSError
+    when the file cannot be read.
     """
+    if min_service_s is not None and max_service_s is not None and min_service_s > max_service_s:
+        raise ValueError(
+            f"min_service_s {min_service_s!r} is above max_service_s {max_service_s!r}"
+        )
+    times = _Times(time_format, timezone_named(tz))
     rows: list[tuple[float, float]] = []
-    for where, record in _records(Path(path)):
+    for at, record in _records(Path(path)):
         if limit is not None and len(rows) >= limit:
             break
-        if filter_gpu_col is not None and _number(record, filter_gpu_col, where) == 0:
+        if not all(f.keeps(record, at) for f in where):
             continue
-        start = _number(record, arrival_col, where)
-        rows.append((start, _lifetime(record, start, where, arrival_col, end_col, service_col)))
+        if filter_gpu_col is not None and _number(record, filter_gpu_col, at) == 0:
+            continue
+        start = _time(record, arrival_col, at, times)
+        life = _lifetime(record, start, at, arrival_col, end_col, service_col, times)
+        rows.append((start, life))
     if not rows:
         return []
     first = min(start for start, _ in rows)
-    cap = math.inf if max_service_s is None else max(max_service_s, MIN_SERVICE_S)
+    floor = 0.0 if min_service_s is None else min_service_s
+    cap = math.inf if max_service_s is None else max_service_s
     tasks = [
-        TraceTask((start - first) * time_scale, min(cap, max(MIN_SERVICE_S, life * service_scale)))
+        TraceTask((start - first) * time_scale, min(cap, max(floor, life * service_scale)))
         for start, life in rows
     ]
     return sorted(tasks, key=lambda t: t.arrival_s)
@@ -73,6 +141,7 @@ def _lifetime(
     arrival_col: str,
     end_col: str,
     service_col: str | None,
+    times: _Times,
 ) -> float:
     """The row's service time, seconds, before scaling (a duration column, or end - start)."""
     if service_col is not None:
@@ -80,9 +149,10 @@ def _lifetime(
         if life < 0:
             raise ValueError(f"{where}: {service_col} {life!r} is negative")
         return life
-    end = _number(record, end_col, where)
+    end = _time(record, end_col, where, times)
     if end < start:
-        raise ValueError(f"{where}: {end_col} {end!r} is before {arrival_col} {start!r}")
+        raise ValueError(f"{where}: {end_col} {record[end_col].strip()!r} is before "
+                         f"{arrival_col} {record[arrival_col].strip()!r}")  # fmt: skip
     return end - start
 
 
@@ -114,3 +184,29 @@ def _number(record: dict[str, str], column: str, where: str) -> float:
     if not math.isfinite(value):
         raise ValueError(f"{where}: {column} {raw!r} is not a number")
     return value
+
+
+def _time(record: dict[str, str], column: str, where: str, times: _Times) -> float:
+    """A time column as epoch seconds: a number as it is, else a timestamp."""
+    if column not in record:
+        raise ValueError(f"{where}: no column {column!r}")
+    raw = record[column].strip()
+    if times.time_format is None:
+        try:
+            value = float(raw)
+        except ValueError:
+            value = math.nan
+        if math.isfinite(value):
+            return value
+    try:
+        if times.time_format is not None:
+            stamp = datetime.strptime(raw, times.time_format)
+        else:
+            stamp = datetime.fromisoformat(raw)
+    except ValueError:
+        shape = times.time_format or "an ISO-like timestamp such as 2024-11-15 16:57:50"
+        raise ValueError(f"{where}: {column} {raw!r} is not a number of seconds nor "
+                         f"{shape}") from None  # fmt: skip
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=times.tz)
+    return stamp.timestamp()

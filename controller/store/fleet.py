@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from controller.core.gpu_rates import max_plausible, plausible
 from controller.core.track import Event, History, Track
 from controller.store.aggregate import Aggregate, dumps, loads
 from controller.store.backend import Row, Store, Tx
@@ -98,7 +99,21 @@ CREATE TABLE IF NOT EXISTS hosts (
         self._tracks, self._tracks_version = dict(tracks), version
 
     def _save_bench_rates(self, db: Tx, events: list[Event]) -> None:
-        benched = [e for e in events if e.kind == "bench" and e.detail.get("rate") is not None]
+        """A host's benchmark rate, when plausible for its GPU model (`gpu_rates`); one that
+        is not is never stored (the ranking ignores it) and is journaled as `bench_refused`."""
+        benched, refused = [], []
+        for e in events:
+            if e.kind != "bench" or e.detail.get("rate") is None:
+                continue
+            gpu, gpus = str(e.detail.get("gpu") or ""), int(e.detail.get("num_gpus") or 1)
+            if plausible(float(e.detail["rate"]), gpu, gpus):
+                benched.append(e)
+            else:
+                bound = max_plausible(gpu, gpus)
+                refused.append((e.instance_id, e.at, "bench_refused",
+                                dumps({**e.detail, "max_plausible": bound})))  # fmt: skip
+        db.executemany("INSERT INTO events(instance_id, at, kind, detail) VALUES (?, ?, ?, ?)",
+                       refused)  # fmt: skip
         db.executemany(
             "INSERT INTO hosts(machine_id, bench_rate, bench_at) VALUES (?, ?, ?) "
             "ON CONFLICT(machine_id) DO UPDATE SET bench_rate = excluded.bench_rate, "

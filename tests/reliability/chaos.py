@@ -188,6 +188,9 @@ class ChaosFleet:
     def drain(self, instance_id: str) -> None:
         self.world.drained.add(instance_id)
 
+    def undrain(self, instance_id: str) -> None:
+        self.world.drained.discard(instance_id)
+
 
 def _fault(endpoint: str, rng: random.Random, delay_s: float) -> Any:
     five = Status(rng.choice([500, 502, 503, 504]))

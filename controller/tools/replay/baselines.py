@@ -10,6 +10,11 @@
   pack perfectly (ceil(running / slots) instances), and between two needs an instance is kept
   idle when that is cheaper than another boot. Cost = busy instance-time + boot per start (+ the
   idle gaps kept), so no policy with these instances can pay less without making tasks wait.
+  Under a fleet cap (`max_instances`) it never runs more than the cap: when every slot of the
+  capped fleet is taken, tasks wait for one in arrival order (as on a capped fleet always
+  booted ahead of need). Its waits are then the least a capped first-come-first-served policy
+  can give, and its cost the least for those waits (a policy that lets tasks wait longer may
+  pack them tighter and pay less).
 
 All assume every instance serves a task in its trace service time (the simulator's reference
 rate) and never fails. Pure: tasks and parameters in, an `Outcome` out.
@@ -17,6 +22,7 @@ rate) and never fails. Pure: tasks and parameters in, an `Outcome` out.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -102,10 +108,34 @@ def proportional(tasks: Sequence[TraceTask], p: BaselineParams) -> Outcome:
     return _outcome("proportional", fleet, p, series, notes=notes)
 
 
+def capped_starts(tasks: Sequence[TraceTask], slots: int) -> list[TraceTask]:
+    """Each task (by arrival) as it runs on `slots` slots always ready, first come first
+    served: started at max(arrival, the first slot free), for its service time."""
+    free: list[float] = [-math.inf] * slots  # when each slot is next free (a heap)
+    out = []
+    for task in sorted(tasks, key=lambda t: t.arrival_s):
+        start = max(task.arrival_s, heapq.heappop(free))
+        heapq.heappush(free, start + task.service_s)
+        out.append(TraceTask(start, task.service_s))
+    return out
+
+
 def oracle(tasks: Sequence[TraceTask], p: BaselineParams) -> Outcome:
-    """The lower bound (see the module docstring); every wait is 0."""
+    """The lower bound (see the module docstring): every wait is 0 without a fleet cap; with
+    one, a task waits only while every slot of the capped fleet is taken."""
     kept = within(tasks, p.horizon_s)
-    steps = concurrency_steps(kept, p.horizon_s)
+    waits: list[float] = [0.0] * len(kept)
+    censored = 0
+    run = kept
+    if p.max_instances is not None:
+        room = p.max_instances * p.slots
+        started = (capped_starts(kept, room) if room
+                   else [TraceTask(math.inf, t.service_s) for t in kept])  # fmt: skip
+        waits = [min(s.arrival_s, p.horizon_s) - t.arrival_s
+                 for s, t in zip(started, kept, strict=True)]  # fmt: skip
+        run = [s for s in started if s.arrival_s < p.horizon_s]
+        censored = len(kept) - len(run)
+    steps = concurrency_steps(run, p.horizon_s)
     on_since: dict[int, float] = {}  # level -> when it last turned on
     off_since: dict[int, float] = {}  # level -> when it last turned off
     paid, starts, peak, now_running = 0.0, 0, 0, 0
@@ -135,7 +165,7 @@ def oracle(tasks: Sequence[TraceTask], p: BaselineParams) -> Outcome:
     paid += sum(p.horizon_s - s for s in on_since.values())
     return Outcome(
         name="oracle", instance_s=paid, dph=p.dph, gpus_per_instance=p.gpus_per_instance,
-        waits=tuple(0.0 for _ in kept), censored=0, instances_started=starts,
+        waits=tuple(waits), censored=censored, instances_started=starts,
         peak_instances=peak, series=tuple(series),
     )  # fmt: skip
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from controller.service.config import Config, load_config
 from controller.sim import SimConfig, Simulation
-from controller.sim.trace import TraceTask, load_trace
+from controller.sim.trace import RowFilter, TraceTask, load_trace, timezone_named
 from controller.tools.replay import baselines, in_world, report
 from controller.tools.replay.results import BaselineParams, mean_boot_s
 from controller.tools.replay.run import (
@@ -49,18 +49,29 @@ def add_parser(sub: Any) -> None:
         help="report.json, simulate.png and the journal (default: ./simulate-report)")  # fmt: skip
     add("--seed", type=int, metavar="S", help="simulator seed (default: the config's sim.seed)")
     add("--arrival-col", default="creation_time", metavar="COL",
-        help="arrival time column, seconds (default: creation_time)")  # fmt: skip
+        help="arrival time column: seconds, or a timestamp such as 2024-11-15 16:57:50 "
+        "(default: creation_time)")  # fmt: skip
     end = p.add_mutually_exclusive_group()
     end.add_argument("--end-col", default="deletion_time", metavar="COL",
-                     help="end time column, seconds (default: deletion_time)")  # fmt: skip
+                     help="end time column, as the arrival's (default: deletion_time)")  # fmt: skip
     end.add_argument("--service-col", metavar="COL",
                      help="service time column, seconds (instead of --end-col)")  # fmt: skip
+    add("--time-format", metavar="FMT", help="strptime format of the time columns, e.g. "
+        "'%%d/%%m/%%Y %%H:%%M' (default: seconds, or ISO-like timestamps)")  # fmt: skip
+    add("--tz", default="UTC", metavar="ZONE",
+        help="time zone of timestamps without an offset (default: UTC)")  # fmt: skip
+    add("--where", action="append", default=[], metavar="COL=VALUE",
+        help="keep only rows where COL equals VALUE (COL!=VALUE: differs); repeatable, "
+        "all must hold, e.g. --where status!=failed --where status!=pending")  # fmt: skip
     add("--gpu-col", default="num_gpu", metavar="COL",
-        help="rows where it is 0 are skipped (default: num_gpu; '' keeps every row)")  # fmt: skip
+        help="GPU-count column, a filter only: rows where it is 0 are skipped, any other "
+        "count is one task (default: num_gpu; '' keeps every row)")  # fmt: skip
     add("--time-scale", type=float, metavar="F", help="factor on arrival times "
         "(default: the config's sim.world.trace_time_scale, else 1)")  # fmt: skip
     add("--service-scale", type=float, metavar="F", help="factor on service times "
         "(default: the config's sim.world.trace_service_scale, else 1)")  # fmt: skip
+    add("--min-service-s", type=float, metavar="S",
+        help="floor on a service time after scaling (default: none)")  # fmt: skip
     add("--max-service-s", type=float, metavar="S",
         help="cap on a service time after scaling (default: none)")  # fmt: skip
     add("--deadline-s", type=float, default=DEADLINE_S, metavar="S",
@@ -112,13 +123,13 @@ def simulate(args: argparse.Namespace) -> int:
                 in_world.proportional_in_world(world, params, ticks),
                 baselines.oracle(tasks, params)]  # fmt: skip
     meta = _meta(args, scales, tasks, ticks, seed, run)
-    chart.draw(out / "simulate.png", outcomes, _title(args, meta))
+    png = chart.draw(out / "simulate.png", outcomes, _title(args, meta))
     meta["wall_s"] = {"total": round(time.perf_counter() - started, 2),
                       "fleetgate": round(run.wall_s, 2)}  # fmt: skip
     doc = report.build(outcomes, params, run=_run_doc(run), meta=meta)
     report.write(out, doc)
     print(report.render(doc))
-    print(f"report: {out / 'report.json'}, chart: {out / 'simulate.png'}, "
+    print(f"report: {out / 'report.json'}, chart: {png or 'none (no matplotlib)'}, "
           f"journal: fleetgate --state {out / 'state'} actions")  # fmt: skip
     return 0
 
@@ -134,6 +145,18 @@ def _check(args: argparse.Namespace, config: Config) -> str:
             return f"--{name.replace('_', '-')} must be > 0, got {value!r}"
     if args.cooldown_s < 0 or (args.answer_after_s is not None and args.answer_after_s < 0):
         return "--cooldown-s and --answer-after-s must be >= 0"
+    low, high = args.min_service_s, args.max_service_s
+    if low is not None and (low < 0 or (high is not None and low > high)):
+        return f"--min-service-s must be >= 0 and at most --max-service-s, got {low!r}"
+    try:
+        timezone_named(args.tz)
+    except ValueError as exc:
+        return f"--tz: {exc}"
+    for text in args.where:
+        try:
+            RowFilter.parse(text)
+        except ValueError as exc:
+            return f"--where: {exc}"
     return ""
 
 
@@ -152,7 +175,11 @@ def _load(args: argparse.Namespace, scales: tuple[float, float]) -> list[TraceTa
         filter_gpu_col=args.gpu_col or None,
         time_scale=scales[0],
         service_scale=scales[1],
+        min_service_s=args.min_service_s,
         max_service_s=args.max_service_s,
+        time_format=args.time_format,
+        tz=args.tz,
+        where=[RowFilter.parse(w) for w in args.where],
     )
 
 
@@ -178,7 +205,9 @@ def _meta(args: argparse.Namespace, scales: tuple[float, float], tasks: list[Tra
                   "end_col": None if args.service_col else args.end_col,
                   "service_col": args.service_col, "gpu_col": args.gpu_col or None,
                   "time_scale": scales[0], "service_scale": scales[1],
-                  "max_service_s": args.max_service_s},  # fmt: skip
+                  "min_service_s": args.min_service_s, "max_service_s": args.max_service_s,
+                  "time_format": args.time_format, "tz": args.tz,
+                  "where": list(args.where)},  # fmt: skip
         "tasks": len(tasks), "ticks": ticks, "seconds_per_tick": step, "seed": seed,
         "horizon_s": ticks * step, "days": ticks * step / DAY, "deadline_s": args.deadline_s,
         "answer_after_s": args.answer_after_s,

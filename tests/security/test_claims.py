@@ -1,0 +1,140 @@
+"""Claims an instance makes are checked against what it cannot forge: the operator's protected
+Curio nodes are never an instance's node, and a benchmark rate implausible for the GPU model is
+never stored as the host's rate (journaled for the operator instead)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from fakes.curio_db import CurioDB
+
+from controller.core.gpu_rates import GLOBAL_MAX_RATE, max_plausible
+from controller.core.model import Instance
+from controller.core.track import _first
+from controller.fleet.base import SensorError
+from controller.fleet.curio import CurioDemand, CurioSettings
+from controller.fleet.observe import RealFleet
+from controller.store.journal import Journal
+
+DSN = os.environ.get("FLEETGATE_TEST_PG_DSN", "host=127.0.0.1 port=5432 dbname=test user=postgres")
+OPERATOR = "10.9.9.9:12300"
+
+
+@pytest.fixture
+def db() -> Iterator[CurioDB]:
+    try:
+        with psycopg.connect(DSN, connect_timeout=5) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        pytest.fail(f"test PostgreSQL unreachable at {DSN!r} ({exc})", pytrace=False)
+    with CurioDB(DSN) as curio:
+        yield curio
+
+
+def curio(db: CurioDB, protected: list[str]) -> CurioDemand:
+    settings = CurioSettings.model_validate(
+        {"dsn": DSN, "schema_name": db.schema, "allow_drain": True,
+         "protected_nodes": protected}, strict=False)  # fmt: skip
+    return CurioDemand(settings)
+
+
+def test_a_protected_node_is_never_drained_by_host_and_port_or_by_id(db: CurioDB) -> None:
+    mine = db.add_machine(OPERATOR)
+    other = db.add_machine("10.0.0.7:12300")
+    by_addr = curio(db, [OPERATOR])
+    with pytest.raises(SensorError, match="protected"):
+        by_addr.drain(OPERATOR)
+    with pytest.raises(SensorError, match="protected"):
+        by_addr.drain(mine)  # asked for by id, listed by address: still refused
+    by_id = curio(db, [str(mine)])
+    with pytest.raises(SensorError, match="protected"):
+        by_id.drain(OPERATOR)  # asked for by address, listed by id
+    with pytest.raises(SensorError, match="protected"):
+        by_id.undrain(OPERATOR)
+    assert db.machine(mine)["unschedulable"] is False
+    assert by_id.drain("10.0.0.7:12300") == 1  # an unprotected node drains as before
+    assert db.machine(other)["unschedulable"] is True
+
+
+@dataclass(frozen=True)
+class Claim:
+    label: str
+    stage: str
+    bench_rate: float | None
+    host_and_port: str | None
+    vast_id: str = ""
+    machine_id: str = ""
+
+
+class Vast:
+    def __init__(self, ip: str) -> None:
+        self.last_raw = {"5001": {"public_ipaddr": ip}}
+
+    def list_instances(self) -> list[Instance]:
+        return [Instance("5001", "fg-a", "m1", "h1", "running", "loading", "unknown", "unknown")]
+
+
+class Lifecycle:
+    def __init__(self, claim: Claim) -> None:
+        self.claim = claim
+
+    def records(self) -> dict[str, Claim]:
+        return {self.claim.label: self.claim}
+
+    def overdue_commands(self, now: float) -> list[Any]:
+        return []
+
+
+def test_an_instance_on_the_operators_address_claiming_its_node_is_not_linked(
+    db: CurioDB,
+) -> None:
+    """Even an instance whose public address is the protected node's host (a shared NAT, a
+    reused IP) does not get it as its node: it shows no tasks, no drain, and nothing is learned."""
+    mine = db.add_machine(OPERATOR, unschedulable=True)
+    task = db.post("PoRep")
+    db.claim(task, mine)
+    claim = Claim("fg-a", "running", 10.0, OPERATOR, vast_id="5001")
+    fleet = RealFleet(vast=Vast("10.9.9.9"), lifecycle=Lifecycle(claim),
+                      curio=curio(db, [OPERATOR]), check_health=lambda _: {},
+                      clock=lambda: 1000.0)  # fmt: skip
+    [inst] = fleet.list_instances()
+    assert inst.tasks_running == 0 and inst.drained is False and inst.sidecar == "down"
+    assert "fg-a" not in fleet.learned or fleet.learned["fg-a"][2] is None
+    # unprotected, the same claim links (the check above is the protection, not the address)
+    fleet.curio = curio(db, [])
+    [linked] = fleet.list_instances()
+    assert linked.tasks_running == 1 and linked.drained is True
+
+
+def test_plausible_bounds_per_gpu_model() -> None:
+    assert max_plausible("RTX 4090") < max_plausible("H100") < GLOBAL_MAX_RATE
+    assert max_plausible("NVIDIA GeForce RTX 4090", 2) == 2 * max_plausible("RTX 4090")
+    assert max_plausible("Some Future GPU") == GLOBAL_MAX_RATE
+
+
+def bench_instance(iid: str, machine: str, gpu: str, rate: float) -> Instance:
+    return Instance(iid, f"fg-{iid}", machine, "h", "running", "running", "up", "up",
+                    gpu_name=gpu, bench_rate=rate)  # fmt: skip
+
+
+def test_an_implausible_bench_rate_is_refused_journaled_and_not_ranked(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j.db")
+    try:
+        honest = bench_instance("1", "m-honest", "RTX 4090", 40.0)
+        liar = bench_instance("2", "m-liar", "RTX 4090", 900.0)  # under MAX_RATE, not a 4090's
+        firsts = [_first(inst, 100.0) for inst in (honest, liar)]
+        tracks = {t.id: t for t, _ in firsts}
+        journal.fleet.save_tracks(tracks, [e for _, evs in firsts for e in evs])
+        hist = journal.fleet.history(200.0)
+        assert hist.host_rates == {"m-honest": 40.0}
+        assert "m-liar" not in hist.launch_rates()
+        refused = [e for e in journal.fleet.events("2") if e["kind"] == "bench_refused"]
+        assert len(refused) == 1
+    finally:
+        journal.close()

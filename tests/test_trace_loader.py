@@ -1,0 +1,162 @@
+"""The trace loader: timestamp columns, service times as recorded (a floor only when asked),
+row filters, the GPU-count column as a filter; and the `simulate` options that reach them."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from controller.service.cli import main
+from controller.sim.trace import RowFilter, TraceTask, load_trace
+
+pytestmark = pytest.mark.usefixtures("restore_logging")  # `main` re-points the root logger
+
+# requests of a service log: a timestamp when it came, when it ended, how it ended
+REQUESTS = """\
+id,submitted,finished,state,gpus
+a,2024-11-15 16:57:50,2024-11-15 16:58:10,ok,1
+b,2024-11-15 16:58:50,2024-11-15 17:08:50,failed,1
+c,2024-11-15 17:00:00,2024-11-15 17:00:45,ok,2
+d,2024-11-15 17:01:30,2024-11-15 17:01:30,pending,1
+e,2024-11-15 17:02:00,2024-11-15 17:12:00,ok,0
+"""
+
+
+def _requests(tmp_path: Path, text: str = REQUESTS) -> Path:
+    path = tmp_path / "requests.csv"
+    path.write_text(text)
+    return path
+
+
+def _load(path: Path, **options: object) -> list[TraceTask]:
+    base: dict[str, object] = {"arrival_col": "submitted", "end_col": "finished",
+                               "filter_gpu_col": None}  # fmt: skip
+    return load_trace(path, **{**base, **options})  # type: ignore[arg-type]
+
+
+def test_iso_like_timestamps_are_read_as_times(tmp_path: Path) -> None:
+    got = _load(_requests(tmp_path))
+    # arrivals 0, 60, 130, 220, 250 s after 16:57:50; lifetimes 20, 600, 45, 0, 600 s
+    assert got == [TraceTask(0.0, 20.0), TraceTask(60.0, 600.0), TraceTask(130.0, 45.0),
+                   TraceTask(220.0, 0.0), TraceTask(250.0, 600.0)]  # fmt: skip
+
+
+def test_short_service_times_are_kept_as_recorded_unless_a_floor_is_asked(tmp_path: Path) -> None:
+    path = _requests(tmp_path)
+    assert [t.service_s for t in _load(path)] == [20.0, 600.0, 45.0, 0.0, 600.0]
+    floored = _load(path, min_service_s=60.0)
+    assert [t.service_s for t in floored] == [60.0, 600.0, 60.0, 60.0, 600.0]
+    assert [t.service_s for t in _load(path, min_service_s=30.0, max_service_s=500.0)] == [
+        30.0, 500.0, 45.0, 30.0, 500.0]  # fmt: skip
+    with pytest.raises(ValueError, match="min_service_s 90.0 is above max_service_s 60.0"):
+        _load(path, min_service_s=90.0, max_service_s=60.0)
+
+
+def test_rows_are_filtered_by_equal_and_not_equal_conditions(tmp_path: Path) -> None:
+    path = _requests(tmp_path)
+    ok = _load(path, where=[RowFilter.parse("state=ok")])
+    assert [t.service_s for t in ok] == [20.0, 45.0, 600.0]  # a, c, e; arrivals from a
+    assert [t.arrival_s for t in ok] == [0.0, 130.0, 250.0]
+    done = _load(path, where=[RowFilter.parse(w) for w in ("state != failed", "state!=pending")])
+    assert done == ok
+    # the first kept row sets time 0: without a, arrivals count from b
+    later = _load(path, where=[RowFilter.parse("id!=a")])
+    assert later[0] == TraceTask(0.0, 600.0) and len(later) == 4
+    where = re.escape(str(path))
+    with pytest.raises(ValueError, match=rf"^{where}:2: no column 'status' \(row filter\)$"):
+        _load(path, where=[RowFilter.parse("status=ok")])
+
+
+@pytest.mark.parametrize("text", ["state", "=ok", " != x", ""])
+def test_a_malformed_row_filter_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="expected COL=VALUE or COL!=VALUE"):
+        RowFilter.parse(text)
+
+
+def test_the_gpu_column_is_a_filter_a_count_of_2_is_one_task(tmp_path: Path) -> None:
+    got = _load(_requests(tmp_path), filter_gpu_col="gpus")
+    # e (0 GPUs) is dropped; c (2 GPUs) is one task, as any other
+    assert [t.arrival_s for t in got] == [0.0, 60.0, 130.0, 220.0]
+    assert got[2] == TraceTask(130.0, 45.0)
+
+
+def test_a_time_format_and_a_time_zone(tmp_path: Path) -> None:
+    path = tmp_path / "local.csv"
+    # day/month/year local times in Berlin (UTC+1 in November), one with an explicit offset
+    path.write_text("at,until\n15/11/2024 17:00,15/11/2024 17:30\n15/11/2024 18:00 +0000,"
+                    "15/11/2024 19:30 +0000\n")  # fmt: skip
+    fmt = "%d/%m/%Y %H:%M"
+    with pytest.raises(ValueError, match=r"local.csv:3: at '15/11/2024 18:00 \+0000' is not a"):
+        load_trace(path, arrival_col="at", end_col="until", filter_gpu_col=None, time_format=fmt)
+    path.write_text("at,until\n15/11/2024 17:00 +0100,15/11/2024 17:30 +0100\n"
+                    "15/11/2024 18:00 +0000,15/11/2024 19:30 +0000\n")  # fmt: skip
+    got = load_trace(path, arrival_col="at", end_col="until", filter_gpu_col=None,
+                     time_format=fmt + " %z")  # fmt: skip
+    assert got == [TraceTask(0.0, 1800.0), TraceTask(7200.0, 5400.0)]  # 16:00Z, then 18:00Z
+    # ISO-like without an offset: in --tz; with one: as written
+    path.write_text("at,until\n2024-11-15 17:00:00,2024-11-15 17:10:00\n"
+                    "2024-11-15T18:00:00Z,2024-11-15T18:05:00Z\n")  # fmt: skip
+    utc = load_trace(path, arrival_col="at", end_col="until", filter_gpu_col=None)
+    berlin = load_trace(path, arrival_col="at", end_col="until", filter_gpu_col=None,
+                        tz="Europe/Berlin")  # fmt: skip
+    assert utc == [TraceTask(0.0, 600.0), TraceTask(3600.0, 300.0)]
+    assert berlin == [TraceTask(0.0, 600.0), TraceTask(7200.0, 300.0)]  # 17:00 Berlin = 16:00Z
+    with pytest.raises(ValueError, match="unknown time zone 'Mars/Olympus'"):
+        load_trace(path, arrival_col="at", end_col="until", filter_gpu_col=None, tz="Mars/Olympus")
+
+
+def test_a_bad_timestamp_names_path_line_and_the_expected_shape(tmp_path: Path) -> None:
+    path = _requests(tmp_path, "submitted,finished\n2024-11-15 16:57:50,soon\n")
+    where = re.escape(str(path))
+    expected = "is not a number of seconds nor an ISO-like timestamp such as 2024-11-15 16:57:50"
+    with pytest.raises(ValueError, match=rf"^{where}:2: finished 'soon' {expected}$"):
+        _load(path)
+    path = _requests(tmp_path, "submitted,finished\n2024-11-15 17:00:00,2024-11-15 16:00:00\n")
+    with pytest.raises(ValueError, match=rf"^{where}:2: finished '2024-11-15 16:00:00' is before "
+                       r"submitted '2024-11-15 17:00:00'$"):  # fmt: skip
+        _load(path)
+
+
+# --- the command
+
+
+def test_simulate_reads_timestamps_filters_rows_and_floors_only_when_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = _requests(tmp_path)
+    base = ["simulate", "--trace", str(trace), "--arrival-col", "submitted", "--end-col",
+            "finished", "--days", "0.05"]  # fmt: skip
+    argv = [*base, "--gpu-col", "gpus", "--where", "state!=failed", "--where", "state!=pending",
+            "--report", str(tmp_path / "r")]  # fmt: skip
+    assert main(argv) == 0
+    doc = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert doc["tasks"] == 2  # a and c: b failed, d pending, e has no GPU
+    assert doc["trace"]["where"] == ["state!=failed", "state!=pending"]
+    assert doc["trace"]["tz"] == "UTC" and doc["trace"]["min_service_s"] is None
+    replayed = (tmp_path / "r" / "state" / "trace.csv").read_text().splitlines()[1:]
+    lives = sorted(float(e) - float(a) for a, e, _ in (r.split(",") for r in replayed))
+    assert lives == [20.0, 45.0]  # as recorded: no 60 s floor
+    assert main([*base, "--gpu-col", "", "--min-service-s", "60", "--report",
+                 str(tmp_path / "f")]) == 0  # fmt: skip
+    replayed = (tmp_path / "f" / "state" / "trace.csv").read_text().splitlines()[1:]
+    lives = sorted(float(e) - float(a) for a, e, _ in (r.split(",") for r in replayed))
+    assert lives == [60.0, 60.0, 60.0, 600.0, 600.0]
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(("option", "message"), [
+    (["--tz", "Mars/Olympus"], "--tz: unknown time zone 'Mars/Olympus'"),
+    (["--where", "state"], "--where: row filter 'state': expected COL=VALUE or COL!=VALUE"),
+    (["--min-service-s", "90", "--max-service-s", "60"],
+     "--min-service-s must be >= 0 and at most --max-service-s, got 90.0"),
+])  # fmt: skip
+def test_simulate_refuses_bad_loader_options(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                             option: list[str], message: str) -> None:  # fmt: skip
+    argv = ["simulate", "--trace", str(_requests(tmp_path)), *option, "--report",
+            str(tmp_path / "r")]  # fmt: skip
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
