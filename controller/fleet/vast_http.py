@@ -194,7 +194,7 @@ class VastHTTP:
         running process does not change."""
         if self._env is None:
             url = self.settings.base_url
-            self._env = self.session.merge_environment_settings(url, {}, None, None, None)
+            self._env = dict(self.session.merge_environment_settings(url, {}, None, None, None))
         return self._env
 
     def _prepare(self, method: str, path: str, query: dict[str, str] | None,

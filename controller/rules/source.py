@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from controller.rules.engine import Engine, EngineError
@@ -44,11 +44,37 @@ def rule_files(paths: Sequence[Path]) -> list[Path]:
     return out
 
 
+def shipped_rules() -> Path:
+    """The rules fleetgate ships: `controller/shipped_rules`, installed with the package (in
+    a source tree, a link to the repository's `rules/`)."""
+    return Path(__file__).resolve().parents[1] / "shipped_rules"
+
+
+def _named(paths: Sequence[Path]) -> list[tuple[str, Path]]:
+    """Each rules file with the name the digest knows it by: its path below the folder named,
+    or its own name when named itself (so `rules`, `./rules/` and `/srv/x/rules` agree)."""
+    out: list[tuple[str, Path]] = []
+    for p in paths:
+        for f in rule_files([p]):
+            out.append((f.name if f == p else f.relative_to(p).as_posix(), f))
+    return out
+
+
+def contents_digest(texts: Sequence[tuple[str, str]]) -> str:
+    """The rules' identity: a digest of (name, text) pairs, however the paths were spelt."""
+    digest = hashlib.sha256()
+    for name, text in texts:
+        digest.update(name.encode() + b"\0" + text.encode() + b"\0")
+    return digest.hexdigest()[:12]
+
+
 def read_rulebook(paths: Sequence[Path]) -> Rulebook:
-    """Read and validate; raise RulesError with `path:line` problems."""
+    """Read and validate; raise RulesError with `path:line` problems. The digest is of the
+    files' names (relative to the folders named) and contents (`contents_digest`)."""
     texts = []
     problems = []
-    files = rule_files(paths)
+    named = _named(paths)
+    files = [f for _, f in named]
     if not files:
         where = ", ".join(str(p) for p in paths) or "(none)"
         raise RulesError([Problem(where, 0, "no rules files found")])
@@ -69,7 +95,9 @@ def read_rulebook(paths: Sequence[Path]) -> Rulebook:
     problems = pattern_problems(book)
     if problems:
         raise RulesError(problems)
-    return book
+    names = [name for name, _ in named]
+    pairs = [(n, t) for n, (_, t) in zip(names, texts, strict=True)]
+    return replace(book, digest=contents_digest(pairs))
 
 
 # -- `matches` patterns, compiled by durable_rules in a child process -------------------------

@@ -1,6 +1,7 @@
 """The `fleetgate` command.
 
-fleetgate [--config FILE] [--state DIR] COMMAND
+fleetgate [--config FILE] [--state DIR] [--log-level L] [--log-format F] COMMAND
+  (the four options also after the command: `fleetgate status --state DIR`)
   run [--ticks N] [--seed S]   ticks on the configured interval until stopped (or N ticks)
   tick                         exactly one tick (for cron); continues from the journal
   check [PATHS...]             validate rules and config; `path:line: message` on errors
@@ -9,12 +10,17 @@ fleetgate [--config FILE] [--state DIR] COMMAND
   actions [--json] [--all]     what the controller did (and, with --all, decided not to do)
   escalations list|show|approve|deny
   status [--json]
+  prune [--days N] [--dry-run]   delete journal rows older than the retention
   llm-check [--threshold R]    probe the configured LLM; exit 1 below the threshold
   bench sim [--ticks N] [--seed S]   time whole ticks on the simulator
   bench tick [--instances N,N] [--repeat N] [--path real|synthetic]   one tick's phases at N
   bench soak [--ticks N] [--instances N]   memory over many ticks (RSS at start and end)
   simulate --trace FILE [--days N] [--report DIR]   replay a trace: fleetgate vs baselines
   pause | resume
+
+status, actions, escalations list|show, pause and resume read the journal alone: they work
+while the rules are broken or a secret is unset (and say so on stderr), and never create a
+journal (`no journal at PATH`, exit 1).
 """
 
 from __future__ import annotations
@@ -23,19 +29,26 @@ import argparse
 import getpass
 import json
 import logging
+import os
 import sys
 import time
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from controller.core import actions as vocabulary
 from controller.rules.rulebook import RulesError
 from controller.rules.source import read_rulebook
-from controller.service import gc_tuning
-from controller.service.app import App, status
-from controller.service.assemble import assemble, lease
-from controller.service.config import ConfigError, load_config, rules_paths, state_dir
+from controller.service import gc_tuning, offline
+from controller.service.app import App
+from controller.service.assemble import assemble, lease, open_journal
+from controller.service.config import Config, ConfigError, load_config, rules_paths, state_dir
+from controller.service.hup import ConfigReload
 from controller.service.schedule import Runner
 from controller.service.secrets import Redactor
+from controller.store import retention
+from controller.store.backend import JournalError
+from controller.store.retention import Pruner
 from controller.tools.replay import command as simulate_command
 from escalation import approvals
 
@@ -48,10 +61,8 @@ def _parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0] if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--config", metavar="FILE", help="config file (default: built-in simulator)")
-    p.add_argument("--state", metavar="DIR", help="state directory (default: ./.fleetgate)")
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    p.add_argument("--log-format", default="text", choices=["text", "json"])
+    p.add_argument("--version", action="version", version=f"fleetgate {_version()}")
+    _add_common(p, None)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_loop_commands(sub)
     _add_escalations(sub)
@@ -67,7 +78,51 @@ def _parser() -> argparse.ArgumentParser:
     simulate_command.add_parser(sub)
     sub.add_parser("pause", help="stop acting (decisions are still made and recorded)")
     sub.add_parser("resume", help="act again")
+    prune = sub.add_parser("prune", help="delete journal rows older than retention.days")
+    prune.add_argument("--days", type=float, help="keep this many days (default: the config's)")
+    prune.add_argument("--dry-run", action="store_true", help="count, delete nothing")
+    _share_common(p)
     return p
+
+
+_COMMON = ("--config", "--state", "--log-level", "--log-format")
+
+
+def _add_common(p: argparse.ArgumentParser, default: Any) -> None:
+    """The options every command takes; `default` None at the top, SUPPRESS after a command
+    (so that a value given before the command stands unless given again after it)."""
+    top = default is None
+    options: dict[str, dict[str, Any]] = {
+        "--config": {"metavar": "FILE", "help": "config file (default: built-in simulator)"},
+        "--state": {"metavar": "DIR", "help": "state directory (default: ./.fleetgate)"},
+        "--log-level": {"default": "INFO", "choices": ["DEBUG", "INFO", "WARNING", "ERROR"]},
+        "--log-format": {"default": "text", "choices": ["text", "json"],
+                         "help": "json: one object a line (ts, level, logger, msg, extras)"},
+    }  # fmt: skip
+    for flag, kw in options.items():
+        if flag in p._option_string_actions:  # `simulate --config` is its own
+            continue
+        if not top:
+            kw = {**kw, "default": argparse.SUPPRESS}
+        p.add_argument(flag, **kw)
+
+
+def _share_common(p: argparse.ArgumentParser) -> None:
+    """Add the common options to every (sub)command's parser."""
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                _add_common(child, argparse.SUPPRESS)
+                _share_common(child)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fleetgate")
+    except PackageNotFoundError:
+        return "(not installed)"
 
 
 def _add_loop_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -94,16 +149,19 @@ _ESCALATION_STATUSES = ["pending", "approved", "denied", "expired", "executed", 
 
 def _add_escalations(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """escalations list | show | approve | deny."""
-    esc = sub.add_parser("escalations", help="list, show, approve or deny escalations")
-    esc_sub = esc.add_subparsers(dest="esc_command", required=True, metavar="SUBCOMMAND")
-    lst = esc_sub.add_parser("list")
+    esc = sub.add_parser("escalations", help="list, show, approve or deny escalations",
+                         description="What waits on people, and their answers.")  # fmt: skip
+    esc_sub = esc.add_subparsers(dest="esc_command", required=True, metavar="SUBCOMMAND",
+                                 title="subcommands")  # fmt: skip
+    lst = esc_sub.add_parser("list", help="escalations, newest first")
     lst.add_argument("--json", action="store_true")
     lst.add_argument("--status", choices=_ESCALATION_STATUSES)
-    show = esc_sub.add_parser("show")
+    show = esc_sub.add_parser("show", help="one escalation and its trail (--json: every field)")
     show.add_argument("id", type=int)
     show.add_argument("--json", action="store_true")
-    for name in ("approve", "deny"):
-        a = esc_sub.add_parser(name)
+    for name, what in (("approve", "approve one (optionally another action or parameters)"),
+                       ("deny", "deny one: nothing is done")):  # fmt: skip
+        a = esc_sub.add_parser(name, help=what)
         a.add_argument("id", type=int)
         a.add_argument("--by", default=None, help="who answers (default: your user name)")
         if name == "approve":
@@ -117,7 +175,8 @@ def _add_approve_options(a: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="action parameter (repeatable); values are JSON or text",
+        help="action parameter (repeatable); a YAML scalar (10, true, 1.5) or text, "
+        "checked against the action's parameters",
     )
     a.add_argument("--override", action="append", default=[], metavar="CAP",
                    help="a budget cap this answer may exceed (repeatable; journaled): "
@@ -165,22 +224,32 @@ def _add_bench_tick(btick: argparse.ArgumentParser) -> None:
     btick.add_argument("--json", action="store_true")
 
 
-class _JsonFormatter(logging.Formatter):
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: ts (ISO 8601, UTC), level, logger, msg, the `extra=` fields
+    of the call, and `exc` (the traceback) when there is one."""
+
     def format(self, record: logging.LogRecord) -> str:
-        return json.dumps(
-            {
-                "ts": record.created,
-                "level": record.levelname,
-                "logger": record.name,
-                "msg": record.getMessage(),
-            }
-        )
+        doc: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in _STANDARD and not key.startswith("_"):
+                doc[key] = value
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return json.dumps(doc, default=str)
 
 
 def _logging(level: str, fmt: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
-        _JsonFormatter()
+        JsonFormatter()
         if fmt == "json"
         else logging.Formatter("%(asctime)s %(levelname)-7s %(message)s", "%H:%M:%S")
     )
@@ -201,13 +270,51 @@ def main(argv: list[str] | None = None) -> int:
     _logging(args.log_level, args.log_format)
     gc_tuning.tune()
     try:
-        return _dispatch(args)
+        code = _dispatch(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        return code
+    except BrokenPipeError:  # `fleetgate actions | head`: the reader has what it wanted
+        _quiet_stdout()
+        return 141  # as a shell reports a process killed by SIGPIPE
     except (ConfigError, RulesError) as exc:  # `check` reports them; other commands refuse to start
         print(exc, file=sys.stderr)
         return 1 if args.command == "check" else 2
-    except approvals.ApprovalError as exc:
+    except (approvals.ApprovalError, StateError, JournalError) as exc:
         print(f"fleetgate: {exc}", file=sys.stderr)
         return 2
+    except offline.NoJournal as exc:
+        print(f"fleetgate: {exc}", file=sys.stderr)
+        return 1
+
+
+class StateError(Exception):
+    """The state directory cannot be created or written."""
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's flush at exit finds no pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def _writable_state(config: Config, state: Path) -> None:
+    """A `StateError` if a SQLite journal's state directory cannot be created or written
+    (checked without creating it: a config that is refused must leave nothing behind)."""
+    if config.journal is not None:
+        return
+    probe = state.absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    problem = None
+    if not probe.is_dir():
+        problem = "Not a directory"
+    elif not os.access(probe, os.W_OK | os.X_OK):
+        problem = "Permission denied"
+    if problem:
+        raise StateError(f"state directory {str(state)!r} is not writable: {problem}")
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -215,6 +322,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     if args.command == "simulate":
         return simulate_command.simulate(args)
+    if offline.wants_offline(args.command, getattr(args, "esc_command", None)):
+        return _offline(args)
     config = load_config(args.config)
     state = state_dir(config, args.state)
     if args.command == "check":
@@ -249,12 +358,18 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "test-rules":
         return commands.test_rules(args.paths or [str(p / "tests") for p in rules_paths(config)])
-    # explain reads and writes nothing: on an existing SQLite journal, opened read-only
-    read_only = args.command == "explain" and config.journal is None
-    read_only = read_only and (state / "journal.db").exists()
+    if args.command == "prune":
+        return _prune(args, config, state)
+    # explain reads and writes nothing: an existing SQLite journal opened read-only, else none
+    # at all (an empty one in memory: what a first tick would do)
+    explain = args.command == "explain"
+    read_only = explain and config.journal is None and (state / "journal.db").exists()
+    dry = explain and config.journal is None and not read_only
+    if not explain:
+        _writable_state(config, state)
     app = assemble(config, state=state, clock=time.time, sleep=time.sleep,
                    config_path=args.config, seed=getattr(args, "seed", None),
-                   read_only=read_only)  # fmt: skip
+                   read_only=read_only, dry=dry)  # fmt: skip
     try:
         return _with_app(app, args)
     finally:
@@ -267,8 +382,16 @@ def _with_app(app: App, args: argparse.Namespace) -> int:
     cmd = args.command
     if cmd == "run":
         api = app.serve_api()
-        runner = Runner(app.controller.tick, app.config.interval_s, args.ticks,
-                        on_hup=app.controller.rules.force,
+        hup = ConfigReload(app, args.config)
+        pruner = Pruner(app.journal.store, app.config.retention)
+
+        def tick() -> None:
+            hup.apply()
+            app.controller.tick()
+            pruner.settings = app.config.retention  # a SIGHUP may have changed it
+            pruner.after_tick(app.controller.clock())
+
+        runner = Runner(tick, app.config.interval_s, args.ticks, on_hup=hup.request,
                         lease=lease(app.config, app.journal),
                         renew_s=app.config.lease.renew_s,
                         outbox=app.outbox_thread())  # fmt: skip
@@ -292,28 +415,69 @@ def _with_app(app: App, args: argparse.Namespace) -> int:
         return commands.tick_once(app)
     if cmd == "explain":
         return commands.explain(app, args.json)
-    if cmd == "actions":
-        rows = app.journal.actions.recent(args.limit, executed_only=not args.all)
-        if args.json:
-            _emit(rows)
-        else:
-            commands.print_actions(rows)
-        return 0
     if cmd == "escalations":
         return commands.escalations(app, args, by=args.__dict__.get("by") or _user())
-    if cmd == "status":
-        st = status(app)
-        _emit(st) if args.json else commands.print_status(st)
-        return 0
-    if cmd in ("pause", "resume"):
-        app.journal.meta.put("paused", cmd == "pause")
-        print(
-            "paused: decisions are recorded, nothing is acted on"
-            if cmd == "pause"
-            else "resumed: acting again"
-        )
-        return 0
     raise AssertionError(cmd)
+
+
+def _offline(args: argparse.Namespace) -> int:
+    """status, actions, escalations list|show, pause, resume: the journal alone
+    (controller/service/offline.py)."""
+    from controller.service import commands
+
+    cmd = args.command
+    with offline.opened(args.config, args.state, write=cmd in ("pause", "resume")) as off:
+        j = off.journal
+        if cmd == "status":
+            st = offline.status_doc(off)
+            _emit(st) if args.json else commands.print_status(st)
+        elif cmd == "actions":
+            rows = j.actions.recent(args.limit, executed_only=not args.all)
+            _emit(rows) if args.json else commands.print_actions(rows)
+        elif cmd == "escalations" and args.esc_command == "list":
+            rows = j.escalations.recent(status=args.status)
+            _emit(rows) if args.json else commands.print_escalations(rows)
+        elif cmd == "escalations":
+            esc = offline.escalation_doc(j, args.id)
+            if esc is None:
+                raise approvals.ApprovalError(f"no escalation #{args.id}")
+            if args.json:
+                _emit(esc)
+            else:
+                print("\n".join(offline.render_escalation(esc, commands.ts)))
+        else:
+            j.meta.put("paused", cmd == "pause")
+            print("paused: decisions are recorded, nothing is acted on" if cmd == "pause"
+                  else "resumed: acting again")  # fmt: skip
+    return 0
+
+
+def _prune(args: argparse.Namespace, config: Config, state: Path) -> int:
+    """`fleetgate prune`: the retention pass now, to the end (controller/store/retention.py),
+    measured from the last tick's time (the controller's clock, virtual on the simulator)."""
+    days = args.days if args.days is not None else config.retention.days
+    if days is None or days < 1:
+        print("fleetgate: prune needs --days N (at least 1) or retention.days in the config",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if config.journal is None and not (state / "journal.db").is_file():
+        raise offline.NoJournal(f"no journal at {state / 'journal.db'} (see --state, --config)")
+    journal = open_journal(config, state)
+    try:
+        now = journal.meta.last_now()
+        if now is None:
+            print("nothing to prune: no tick yet")
+            return 0
+        if args.dry_run:
+            found = retention.count(journal.store, now, days)
+        else:
+            found, _ = retention.prune(journal.store, now, days, batch=config.retention.batch)
+    finally:
+        journal.close()
+    verb = "would delete" if args.dry_run else "deleted"
+    rows = ", ".join(f"{n} {t}" for t, n in found.items()) or "nothing"
+    print(f"{verb} {rows} (older than {days:g} days before the last tick)")
+    return 0
 
 
 def _user() -> str:

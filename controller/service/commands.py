@@ -11,6 +11,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from controller.rules.rulebook import RulesError
 from controller.rules.ruletest import run_files
 from controller.service import llm_reader
@@ -20,6 +22,11 @@ from controller.service.config import Config, ConfigError, state_dir
 from controller.service.tick import Planned
 from escalation import approvals
 from escalation.render import Renderer
+
+
+def ts(t: float | None) -> str:
+    """Epoch seconds as `YYYY-MM-DD HH:MM:SS` (UTC); `-` for none."""
+    return _ts(t)
 
 
 def _ts(t: float | None) -> str:
@@ -152,31 +159,19 @@ def print_actions(rows: list[dict[str, Any]]) -> None:
         print("(no actions)")
 
 
+def print_escalations(rows: list[dict[str, Any]]) -> None:
+    for e in rows:
+        print(
+            f"#{e['id']:<4} {_ts(e['created_at'])} {e['status']:<9} {e['kind']:<16} "
+            f"{e['subject']}: {e['summary']}"
+        )
+    if not rows:
+        print("(no escalations)")
+
+
 def escalations(app: App, args: argparse.Namespace, by: str) -> int:
+    """approve | deny (list and show read the journal alone: controller/service/offline.py)."""
     j, sub = app.journal, args.esc_command
-    if sub == "list":
-        rows = j.escalations.recent(status=args.status)
-        if args.json:
-            print(json.dumps(rows, indent=2, sort_keys=True, default=str))
-        else:
-            for e in rows:
-                print(
-                    f"#{e['id']:<4} {_ts(e['created_at'])} {e['status']:<9} {e['kind']:<16} "
-                    f"{e['subject']}: {e['summary']}"
-                )
-            if not rows:
-                print("(no escalations)")
-        return 0
-    if sub == "show":
-        esc = j.escalations.escalation(args.id)
-        if esc is None:
-            raise approvals.ApprovalError(f"no escalation #{args.id}")
-        esc["deliveries"] = j.escalations.deliveries(args.id)
-        esc["llm_calls"] = j.llm.llm_calls(args.id)
-        esc["actions"] = j.actions.actions_for_escalation(args.id)
-        esc["outbox"] = app.controller.escalator.jobs.jobs(args.id)  # what came of each job
-        print(json.dumps(esc, indent=2, sort_keys=True, default=str))
-        return 0
     now = app.controller.clock()
     if sub == "deny":
         approvals.deny(j, args.id, by=by, now=now)
@@ -201,11 +196,21 @@ def _params(pairs: list[str]) -> dict[str, Any]:
         key, sep, raw = pair.partition("=")
         if not sep:
             raise approvals.ApprovalError(f"--param {pair!r}: expected KEY=VALUE")
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw
+        out[key] = _scalar(raw)
     return out
+
+
+def _scalar(raw: str) -> Any:
+    """The text, unquoted when it is a quoted YAML scalar (`"10004"`), None for `null`; the
+    action's descriptor converts it to its field's type (`count=3` an int, `block_host=true` a
+    bool, `instance=10004` the string "10004") or says why it cannot."""
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+    if value is None and raw.strip() in ("null", "~"):
+        return None
+    return value if isinstance(value, str) else raw
 
 
 def print_status(st: dict[str, Any]) -> None:

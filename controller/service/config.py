@@ -38,6 +38,7 @@ from controller.service.config_errors import ConfigError, describe
 from controller.service.secrets import SecretRef
 from controller.sim.agents import AgentSettings
 from controller.sim.config import SimConfig
+from controller.store.retention import RetentionSettings
 from escalation.channels.alertmanager import AlertmanagerSettings
 from escalation.channels.email import EmailSettings
 from escalation.channels.ntfy import NtfySettings
@@ -93,14 +94,29 @@ CHANNEL_SETTINGS: dict[str, type[BaseModel]] = {
 }  # type -> settings model, for messages and the assembly's registry check
 
 
-class ApiSection(_Strict):
-    """The HTTP API (escalation answers over HTTP, ntfy buttons, status)."""
+_LISTEN = r"^[^:\s]+:\d{1,5}$"
 
-    listen: str = Field("127.0.0.1:8765", pattern=r"^[^:\s]+:\d{1,5}$", description="host:port")
+
+class ApiSection(_Strict):
+    """The HTTP API (escalation answers over HTTP, ntfy buttons, status). `listen` serves the
+    operator's routes; `instance_listen`, when given, serves the instance API on an address of
+    its own (and `listen` then serves no instance route); without it, both are on `listen`."""
+
+    listen: str = Field("127.0.0.1:8765", pattern=_LISTEN,
+                        description="host:port of the operator's API")  # fmt: skip
+    instance_listen: str | None = Field(None, pattern=_LISTEN, description="host:port of the "
+                                        "instance API; none: on `listen`")  # fmt: skip
     token: Secret = Field(description="the bearer token answers must carry")
     public_url: str | None = Field(
         None, description="how people reach the API (links in messages); default http://listen"
     )
+
+    @model_validator(mode="after")
+    def _apart(self) -> ApiSection:
+        if self.instance_listen == self.listen and not self.listen.endswith(":0"):
+            raise ValueError(f"instance_listen {self.instance_listen!r} is listen itself: leave "
+                             "it out to serve both APIs there")  # fmt: skip
+        return self
 
 
 class EscalationSection(_Strict):
@@ -167,6 +183,7 @@ class Config(_Strict):
     api: ApiSection | None = None
     journal: JournalSection | None = Field(None, description="absent: SQLite in the state dir")
     lease: LeaseSection = LeaseSection()
+    retention: RetentionSettings = RetentionSettings()
 
     @model_validator(mode="after")
     def _sections_for_choices(self) -> Config:
@@ -242,7 +259,9 @@ def rules_paths(config: Config, cli_paths: list[str] | None = None) -> list[Path
         return [Path(p) for p in cli_paths]
     if config.rules:
         return [Path(p) for p in config.rules]
+    from controller.rules.source import shipped_rules
+
     here = Path("rules")
     if here.is_dir():
         return [here]
-    return [Path(__file__).resolve().parents[2] / "rules"]
+    return [shipped_rules()]

@@ -8,26 +8,46 @@ Three panels sharing the time axis (days from the trace start):
    baselines' fleet sizes as lines;
 3. cumulative spend of every policy (on a log scale when one costs over 5 times another).
 
-Drawn with matplotlib's Agg canvas directly (no pyplot state, no display needed).
+Drawn with matplotlib's Agg canvas directly (no pyplot state, no display needed). matplotlib
+is optional (`pip install 'fleetgate[chart]'`): without it `draw` writes nothing and says so
+in one line; the report and the table do not need it.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
-
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
+from typing import TextIO
 
 from controller.tools.replay.results import Outcome, label
+
+MISSING = "no chart: matplotlib is not installed (pip install 'fleetgate[chart]')"
 
 COLORS = {"fleetgate": "#1f77b4", "static": "#7f7f7f", "proportional": "#ff7f0e",
           "proportional_sim": "#9467bd", "oracle": "#2ca02c"}  # fmt: skip
 DAY = 86400.0
 
 
-def draw(path: Path, outcomes: Sequence[Outcome], title: str) -> Path:
-    """Write the chart to `path` (PNG) and return it."""
+def available() -> bool:
+    """Does matplotlib import here?"""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def draw(path: Path, outcomes: Sequence[Outcome], title: str,
+         say: TextIO | None = None) -> Path | None:  # fmt: skip
+    """Write the chart to `path` (PNG) and return it; None (and one line on `say`, default
+    stderr) when matplotlib is not installed."""
+    if not available():
+        print(f"fleetgate simulate: {MISSING}", file=say or sys.stderr)
+        return None
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     by_name = {o.name: o for o in outcomes}
     fig = Figure(figsize=(11, 10), layout="constrained")
     FigureCanvasAgg(fig)

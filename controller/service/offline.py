@@ -1,0 +1,212 @@
+"""The commands that need only the journal: status, actions, escalations list and show, pause
+and resume (the emergency brake).
+
+They must work while the running controller keeps acting, whatever is wrong on disk: rules
+that do not load, a secret whose environment variable is unset. So they never read the rules
+into an engine, never build a channel, an LLM client or a fleet:
+
+1. load the config, resolving the secrets that resolve; one that does not is noted, not fatal
+   (unless it is the journal's own DSN, without which there is no journal to read);
+2. open the journal that exists: the SQLite file in the state directory (read-only for the
+   read commands) or the configured PostgreSQL schema. No journal at the path is an error
+   (`no journal at PATH`), never a new empty one: a command run in the wrong directory says
+   so instead of pausing a journal no controller reads;
+3. say on stderr, one line each, what `run` and `tick` would refuse to start on: the config's
+   secret, the rules' first problem.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import SecretStr
+
+from controller.core.fields import RESOLVER
+from controller.rules.rulebook import RulesError
+from controller.rules.source import read_rulebook
+from controller.rules.yamlsrc import Located, load
+from controller.service.config import (
+    Config,
+    ConfigError,
+    load_config,
+    rules_paths,
+    secret_resolver,
+    state_dir,
+)
+from controller.service.secrets import SecretError
+from controller.store import lease
+from controller.store.journal import Journal
+
+COMMANDS = ("status", "actions", "pause", "resume")  # with `escalations list|show`
+PLACEHOLDER = "https://unresolved.invalid"  # stands in for a secret that did not resolve
+
+
+class NoJournal(Exception):
+    """There is no journal where the config and --state point."""
+
+
+@dataclass
+class Offline:
+    """The config as far as it loads, the journal, and what is wrong (one line each)."""
+
+    config: Config
+    state: Path
+    journal: Journal
+    problems: list[str] = field(default_factory=list)
+
+
+def wants_offline(command: str, esc_command: str | None) -> bool:
+    return command in COMMANDS or (command == "escalations" and esc_command in ("list", "show"))
+
+
+def lenient_config(path: str | None) -> tuple[Config, list[str]]:
+    """The config; a secret that does not resolve stands in as a placeholder and is named in
+    the problems. Any other error in the file is the strict loader's `ConfigError`."""
+    try:
+        return load_config(path), []
+    except ConfigError as strict:
+        missing: list[str] = []
+        config = _with_placeholders(path, missing)
+        if config is None or not missing:
+            raise
+        return config, [str(strict).splitlines()[0]]
+
+
+def _with_placeholders(path: str | None, missing: list[str]) -> Config | None:
+    resolve = secret_resolver()
+
+    def tolerant(value: object) -> SecretStr:
+        try:
+            return resolve(value)
+        except SecretError as exc:
+            missing.append(str(exc))
+            return SecretStr(PLACEHOLDER)
+
+    try:
+        doc = load(Path(str(path)).read_text(encoding="utf-8")) or Located()
+        return Config.model_validate(doc, context={RESOLVER: tolerant})
+    except Exception:  # noqa: BLE001 - any other problem: the strict error stands
+        return None
+
+
+def rules_problem(config: Config) -> str | None:
+    """The first problem of the rules `run` would load (None when they load)."""
+    paths = rules_paths(config)
+    absent = [p for p in paths if not p.exists()]
+    if absent:
+        return f"rules: {str(absent[0])!r} is neither a rules file nor a folder"
+    try:
+        read_rulebook(paths)
+    except RulesError as exc:
+        lines = str(exc).splitlines()
+        more = f" (and {len(lines) - 1} more: `fleetgate check`)" if len(lines) > 1 else ""
+        return f"rules: {lines[0].strip()}{more}"
+    return None
+
+
+@contextmanager
+def opened(config_path: str | None, state_arg: str | None, *, write: bool) -> Iterator[Offline]:
+    """Steps 1 to 3; the journal is closed on leaving."""
+    config, problems = lenient_config(config_path)
+    if config.journal is not None and config.journal.dsn.get_secret_value() == PLACEHOLDER:
+        raise ConfigError(f"{problems[0]} (the journal's DSN: nothing to read)")
+    state = state_dir(config, state_arg)
+    if config.journal is None and not (state / "journal.db").is_file():
+        raise NoJournal(f"no journal at {state / 'journal.db'} (see --state, --config)")
+    from controller.service.assemble import open_journal
+
+    journal = open_journal(config, state, read_only=not write)
+    try:
+        rules = rules_problem(config)
+        for line in [*problems, *([rules] if rules else [])]:
+            print(f"fleetgate: warning: {line}; `run` and `tick` refuse to start", file=sys.stderr)
+        yield Offline(config, state, journal, problems + ([rules] if rules else []))
+    finally:
+        journal.close()
+
+
+def status_doc(off: Offline) -> dict[str, Any]:
+    """What `fleetgate status` shows, from the journal alone: the fleet as the last tick saw
+    it, the queue, the last tick (and the rules digest it ran), what waits on people."""
+    j = off.journal
+    last = j.meta.ticks(1)
+    sim = _saved_sim(j)
+    now = sim.now() if sim is not None else (j.meta.last_now() or 0.0)
+    tracks = list(j.fleet.history(now).instances.values())
+    by_stage: dict[str, int] = {}
+    for t in tracks:
+        key = t.stage if t.status == "running" else t.status
+        by_stage[key] = by_stage.get(key, 0) + 1
+    summary = (last[0].get("summary") or {}) if last else {}
+    return {
+        "provider": off.config.provider,
+        "paused": bool(j.meta.get("paused", False)) or off.config.guards.paused,
+        "rules": last[0].get("rules") if last else None,
+        "last_tick": last[0] if last else None,
+        "instances": len(tracks),
+        "by_stage": by_stage,
+        "foreign": summary.get("foreign", []),
+        "spend_per_h": summary.get("spend_per_h"),
+        "demand": {
+            "all": {"pending": summary.get("pending"), "running": summary.get("running_tasks")}
+        },  # fmt: skip
+        "pending_escalations": len(j.escalations.recent(status="pending")),
+        "leader": lease.read(j).as_dict(),
+        "sim": sim.stats if sim is not None else None,
+        "problems": off.problems,
+    }
+
+
+def _saved_sim(journal: Journal) -> Any:
+    from controller.service.assemble import SIM_KEY
+    from controller.sim import Simulation
+
+    saved = journal.meta.get(SIM_KEY)
+    return Simulation.from_json(saved) if saved is not None else None
+
+
+def escalation_doc(journal: Journal, esc_id: int) -> dict[str, Any] | None:
+    """One escalation with its deliveries, LLM calls, actions and outbox jobs."""
+    from controller.store.outbox import OutboxStore
+
+    esc = journal.escalations.escalation(esc_id)
+    if esc is None:
+        return None
+    esc["deliveries"] = journal.escalations.deliveries(esc_id)
+    esc["llm_calls"] = journal.llm.llm_calls(esc_id)
+    esc["actions"] = journal.actions.actions_for_escalation(esc_id)
+    esc["outbox"] = OutboxStore(journal.store).jobs(esc_id)  # what came of each job
+    return esc
+
+
+def render_escalation(esc: dict[str, Any], ts: Callable[[float | None], str]) -> list[str]:
+    """`escalations show ID` as text: the escalation, then its trail."""
+    out = [
+        f"escalation #{esc['id']} {esc['status']}: {esc['kind']} {esc['subject']}",
+        f"  {esc['summary']}",
+        f"  raised {ts(esc['created_at'])}, deadline {ts(esc['deadline'])}, "
+        f"default {esc['default_action']}",
+    ]
+    if esc.get("answered_by"):
+        out.append(f"  answered by {esc['answered_by']} at {ts(esc.get('answered_at'))}: "
+                   f"{esc.get('answer')}")  # fmt: skip
+    for d in esc["deliveries"]:
+        out.append(f"  delivery {ts(d['at'])} {d['channel']}: {'ok' if d['ok'] else 'failed'}"
+                   + (f" ({d['detail']})" if d.get("detail") else ""))  # fmt: skip
+    for c in esc["llm_calls"]:
+        why = c.get("rationale") or c.get("error") or ""
+        out.append(f"  llm {ts(c['at'])} {c['model']} {c['status']}: {c.get('action') or '-'} "
+                   f"(confidence {c.get('confidence')}) {why}")  # fmt: skip
+    for a in esc["actions"]:
+        out.append(f"  action #{a['id']} {ts(a['at'])} {a['verdict']} {a['status']} "
+                   f"{a['action']} {a['target']}: {a['why']}")  # fmt: skip
+    for job in esc["outbox"]:
+        out.append(f"  outbox {job['kind']}: {job.get('outcome') or 'waiting'} after "
+                   f"{job['attempts']} attempt(s)")  # fmt: skip
+    out.append("  (--json for every field, the situation included)")
+    return out

@@ -1,0 +1,450 @@
+"""Daily operation through the `fleetgate` command: the journal-only commands while rules or
+secrets are broken, the options, the logs, closed pipes, unwritable state, SIGHUP, the
+shipped systemd unit (real processes on the built-in simulator)."""
+
+from __future__ import annotations
+
+import configparser
+import json
+import logging
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.store.journal import Journal
+
+ROOT = Path(__file__).resolve().parent.parent
+MAIN = "import sys; from controller.service.cli import main; sys.exit(main())"
+UNSET = "FLEETGATE_TEST_NEVER_SET_URL"
+
+
+def fg(
+    *args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, **kw: Any
+) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if k not in (UNSET, "FLEETGATE_STATE")}
+    environ["PYTHONPATH"] = str(ROOT)
+    return subprocess.run(
+        [sys.executable, "-c", MAIN, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**environ, **(env or {})},
+        **kw,
+    )
+
+
+def ok(out: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    assert out.returncode == 0, (
+        f"exit {out.returncode}:\n{out.stdout[-1500:]}\n{out.stderr[-3000:]}"
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def journal_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A state directory after two ticks, with one pending escalation."""
+    state = tmp_path_factory.mktemp("ops") / "state"
+    for _ in range(2):
+        ok(fg("--state", str(state), "tick"))
+    j = Journal(state / "journal.db")
+    try:
+        j.escalations.add_escalation(
+            fingerprint="fp-ops",
+            kind="unmatched",
+            subject="instance:10004",
+            summary="status 'odd' matches no rule",
+            now=1.0e9,
+            deadline=2.0e9,
+            situation={"instance": {"id": "10004"}},
+            default_action={"action": "hold", "params": {}},
+        )
+    finally:
+        j.close()
+    return state
+
+
+def broken_rules(tmp: Path) -> Path:
+    rules = tmp / "rules"
+    rules.mkdir()
+    for f in (ROOT / "rules").glob("*.yaml"):
+        shutil.copy(f, rules / f.name)
+    (rules / "zz-broken.yaml").write_text(
+        "rules:\n  - name: typo\n    when: {instance: {restarts_1h: {greater: 3}}}\n"
+        "    then: {action: hold}\n    confidence: 0.9\n"
+    )
+    return rules
+
+
+def config(tmp: Path, text: str) -> Path:
+    cfg = tmp / "fleetgate.yaml"
+    cfg.write_text(text)
+    return cfg
+
+
+@pytest.fixture(params=["broken rules", "unset secret"])
+def broken(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Path, str]:
+    """A config `run` refuses, and the words its warning must contain."""
+    if request.param == "broken rules":
+        rules = broken_rules(tmp_path)
+        return config(tmp_path, f"rules: ['{rules}']\n"), "zz-broken.yaml:3"
+    slack = f"{{type: slack, webhook_url: {{env: {UNSET}}}}}"
+    text = f"escalation:\n  channels:\n    - console\n    - {slack}\n"
+    return config(tmp_path, text), f"environment variable {UNSET} is not set"
+
+
+def test_run_and_tick_refuse_the_broken_configs(
+    broken: tuple[Path, str], journal_dir: Path
+) -> None:
+    cfg, words = broken
+    out = fg("--config", str(cfg), "--state", str(journal_dir), "explain")
+    assert out.returncode == 2 and words.split(":")[0] in out.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["status"],
+        ["status", "--json"],
+        ["actions"],
+        ["actions", "--json", "--all"],
+        ["escalations", "list"],
+        ["escalations", "show", "1"],
+        ["escalations", "show", "1", "--json"],
+    ],
+)
+def test_read_commands_work_with_broken_rules_or_an_unset_secret(
+    broken: tuple[Path, str], journal_dir: Path, command: list[str]
+) -> None:
+    cfg, words = broken
+    out = ok(fg("--config", str(cfg), "--state", str(journal_dir), *command))
+    warnings = [line for line in out.stderr.splitlines() if line.startswith("fleetgate: warning")]
+    assert len(warnings) == 1 and words in warnings[0], out.stderr
+    assert "Traceback" not in out.stderr and out.stdout.strip()
+
+
+def test_pause_and_resume_work_with_broken_rules_or_an_unset_secret(
+    broken: tuple[Path, str], tmp_path: Path, journal_dir: Path
+) -> None:
+    cfg, words = broken
+    state = tmp_path / "copy"
+    shutil.copytree(journal_dir, state)
+    out = ok(fg("--config", str(cfg), "--state", str(state), "pause"))
+    assert out.stdout.startswith("paused") and words in out.stderr
+    st = json.loads(ok(fg("--config", str(cfg), "--state", str(state), "status", "--json")).stdout)
+    assert st["paused"] is True
+    ok(fg("--state", str(state), "resume", "--config", str(cfg)))
+    db = sqlite3.connect(state / "journal.db")
+    assert db.execute("SELECT value FROM kv WHERE key = 'paused'").fetchone()[0] == "false"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["status"],
+        ["actions"],
+        ["escalations", "list"],
+        ["escalations", "show", "1"],
+        ["pause"],
+        ["resume"],
+    ],
+)
+def test_journal_commands_never_create_a_journal(tmp_path: Path, command: list[str]) -> None:
+    out = fg(*command, cwd=tmp_path)
+    assert out.returncode == 1
+    assert (
+        out.stderr.strip()
+        == "fleetgate: no journal at .fleetgate/journal.db (see --state, --config)"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_common_options_go_before_or_after_the_command(journal_dir: Path, tmp_path: Path) -> None:
+    cfg = config(tmp_path, "guards: {paused: true}\n")
+    before = json.loads(
+        ok(fg("--config", str(cfg), "--state", str(journal_dir), "status", "--json")).stdout
+    )
+    after = json.loads(
+        ok(
+            fg(
+                "status",
+                "--json",
+                "--config",
+                str(cfg),
+                "--state",
+                str(journal_dir),
+                "--log-level",
+                "ERROR",
+            )
+        ).stdout
+    )
+    before.pop("leader"), after.pop("leader")  # its time left differs
+    assert before == after and after["paused"] is True and after["last_tick"]["id"] == 2
+    nested = ok(fg("escalations", "list", "--json", "--state", str(journal_dir)))
+    assert [e["id"] for e in json.loads(nested.stdout)] == [1]
+
+
+def test_version_and_escalations_help() -> None:
+    out = ok(fg("--version"))
+    assert out.stdout.strip() == "fleetgate 0.1.0"
+    helped = ok(fg("escalations", "--help")).stdout
+    for sub in ("list", "show", "approve", "deny"):
+        assert f"\n    {sub} " in helped, helped
+
+
+def test_show_is_text_unless_json(journal_dir: Path) -> None:
+    text = ok(fg("--state", str(journal_dir), "escalations", "show", "1")).stdout
+    assert text.startswith("escalation #1 pending: unmatched instance:10004")
+    doc = json.loads(
+        ok(fg("--state", str(journal_dir), "escalations", "show", "1", "--json")).stdout
+    )
+    assert doc["situation"] == {"instance": {"id": "10004"}} and doc["outbox"] == []
+
+
+def test_a_bare_param_value_is_the_text_the_action_expects(
+    journal_dir: Path, tmp_path: Path
+) -> None:
+    state = tmp_path / "s"
+    shutil.copytree(journal_dir, state)
+    bad = fg(
+        "--state",
+        str(state),
+        "escalations",
+        "approve",
+        "1",
+        "--action",
+        "launch",
+        "--param",
+        "count=many",
+    )
+    assert bad.returncode == 2 and "count" in bad.stderr and "Traceback" not in bad.stderr
+    out = ok(
+        fg(
+            "--state",
+            str(state),
+            "escalations",
+            "approve",
+            "1",
+            "--by",
+            "ops",
+            "--action",
+            "drain",
+            "--param",
+            "instance=10004",
+        )
+    )
+    assert "drain instance=10004" in out.stdout
+    answer = json.loads(
+        sqlite3.connect(state / "journal.db")
+        .execute("SELECT answer FROM escalations WHERE id = 1")
+        .fetchone()[0]
+    )
+    assert answer["params"] == {"instance": "10004"}
+
+
+def test_a_cron_tick_at_warning_prints_nothing(tmp_path: Path) -> None:
+    out = ok(fg("--state", str(tmp_path / "s"), "--log-level", "WARNING", "tick"))
+    assert out.stderr == "" and out.stdout == ""
+    info = ok(fg("--state", str(tmp_path / "s"), "tick"))
+    assert "leading as" in info.stderr and " INFO " in info.stderr.split("leading as")[0][-20:]
+
+
+def test_json_logs_are_structured(tmp_path: Path) -> None:
+    out = ok(fg("--state", str(tmp_path / "s"), "--log-format", "json", "tick"))
+    docs = [json.loads(line) for line in out.stderr.splitlines()]
+    assert docs and all({"ts", "level", "logger", "msg"} <= set(d) for d in docs)
+    lead = next(d for d in docs if d["msg"].startswith("leading as"))
+    assert lead["level"] == "INFO" and lead["logger"] == "controller.store.lease"
+    assert lead["ts"].endswith("+00:00")
+    from controller.service.cli import JsonFormatter
+
+    record = logging.LogRecord("fleetgate.x", logging.INFO, __file__, 1, "pruned %d", (3,), None)
+    record.deleted = {"ticks": 3}
+    assert json.loads(JsonFormatter().format(record))["deleted"] == {"ticks": 3}
+
+
+def test_a_closed_pipe_ends_quietly(journal_dir: Path) -> None:
+    read, write = os.pipe()
+    os.close(read)  # `| head` that has already gone
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", MAIN, "--state", str(journal_dir), "actions", "--all"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
+    finally:
+        os.close(write)
+    assert proc.returncode == 141 and proc.stderr == ""
+
+
+def test_an_unwritable_state_directory_is_one_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    out = fg("--state", str(blocker / "state"), "tick")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        f"fleetgate: state directory '{blocker / 'state'}' is not writable: Not a directory"
+    ]
+
+
+def test_the_rules_digest_does_not_depend_on_how_the_path_is_spelt(tmp_path: Path) -> None:
+    digests = set()
+    for spelling in (
+        "rules",
+        "./rules/",
+        str(ROOT / "rules"),
+        "controller/../rules",
+        str(ROOT / "controller" / "shipped_rules"),
+    ):
+        out = ok(fg("check", spelling))
+        digests.add(out.stdout.split("digest ")[1].split(";")[0])
+    copy = tmp_path / "elsewhere"
+    shutil.copytree(ROOT / "rules", copy)
+    digests.add(ok(fg("check", str(copy))).stdout.split("digest ")[1].split(";")[0])
+    assert len(digests) == 1, digests
+
+
+def _wait_for(path: Path, sql: str, timeout: float = 60) -> Any:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if path.exists():
+            try:
+                row = sqlite3.connect(path).execute(sql).fetchone()
+                if row and row[0]:
+                    return row[0]
+            except sqlite3.OperationalError:
+                pass
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {sql}")
+
+
+def test_sighup_applies_settings_and_gate_and_journals_what_needs_a_restart(tmp_path: Path) -> None:
+    cfg = config(tmp_path, "interval_s: 0.05\nsettings: {tasks_per_instance: 2}\n")
+    state = tmp_path / "s"
+    environ = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", MAIN, "--config", str(cfg), "--state", str(state), "run"],
+        cwd=ROOT,
+        env=environ,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        db = state / "journal.db"
+        _wait_for(db, "SELECT COUNT(*) FROM ticks WHERE finished_at IS NOT NULL")
+        cfg.write_text(
+            "interval_s: 0.05\nsettings: {tasks_per_instance: 3}\n"
+            "gate: {mode: propose}\nguards: {max_instances: 5}\n"
+        )
+        proc.send_signal(signal.SIGHUP)
+        doc = json.loads(_wait_for(db, "SELECT value FROM kv WHERE key = 'config.reload'"))
+        assert doc["applied"] == ["gate", "settings"], doc
+        assert doc["restart_needed"] == ["guards"]
+        cfg.write_text("interval_s: 0.05\nnot_a_key: 1\n")
+        proc.send_signal(signal.SIGHUP)
+        end = time.monotonic() + 60
+        while "error" not in doc and time.monotonic() < end:
+            row = sqlite3.connect(db).execute("SELECT value FROM kv WHERE key = 'config.reload'")
+            doc = json.loads(row.fetchone()[0])
+            time.sleep(0.1)
+        assert "not_a_key" in doc["error"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-2000:]
+    assert "SIGHUP: config" in err and "guards changed; restart fleetgate" in err
+
+
+def test_the_shipped_systemd_unit(tmp_path: Path) -> None:
+    unit = ROOT / "deploy" / "fleetgate.service"
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.read(unit)
+    service = parser["Service"]
+    assert service["ExecStart"].split()[1:] == [
+        "--config",
+        "/etc/fleetgate/config.yaml",
+        "--state",
+        "${STATE_DIRECTORY}",
+        "--log-format",
+        "json",
+        "run",
+    ]
+    assert service["ExecReload"] == "/bin/kill -HUP $MAINPID"
+    assert service["Restart"] == "on-failure" and service["StateDirectory"] == "fleetgate"
+    assert service["ProtectSystem"] == "strict" and service["NoNewPrivileges"] == "yes"
+    assert service.get("User") == "fleetgate" or service.get("DynamicUser") == "yes"
+    verify = shutil.which("systemd-analyze")
+    if verify is None:
+        return
+    exe = shutil.which("fleetgate") or str(Path(sys.executable).with_name("fleetgate"))
+    local = tmp_path / "fleetgate.service"
+    local.write_text(unit.read_text().replace("/opt/fleetgate/bin/fleetgate", exe))
+    out = subprocess.run([verify, "verify", str(local)], capture_output=True, text=True, timeout=60)
+    problems = [line for line in out.stderr.splitlines() if str(local) in line]
+    assert out.returncode == 0 and not problems, out.stderr
+
+
+def test_the_cron_example_names_commands_that_exist() -> None:
+    lines = [
+        line
+        for line in (ROOT / "deploy" / "fleetgate-tick.cron").read_text().splitlines()
+        if line.strip() and not line.startswith("#") and "=" not in line.split()[0]
+    ]
+    assert len(lines) == 2
+    for line in lines:
+        command = line.split("/opt/fleetgate/bin/fleetgate ", 1)[1].split()
+        assert "--log-level" in command and command[-1] in ("tick", "prune")
+        out = fg(*command[:-1], command[-1], "--help")
+        assert out.returncode == 0, out.stderr
+
+
+def _readme_command(marker: str) -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    start = text.index(marker)
+    lines = text[start:].splitlines()
+    joined = lines[0]
+    for line in lines[1:]:
+        if not joined.endswith("\\"):
+            break
+        joined = joined[:-1] + " " + line.strip()
+    return joined.split()
+
+
+def test_the_readme_simulate_command_runs_from_the_repository_without_matplotlib(
+    tmp_path: Path,
+) -> None:
+    command = _readme_command(".venv/bin/fleetgate simulate ")
+    trace = command[command.index("--trace") + 1]
+    assert not trace.startswith(("/", "..")) and (ROOT / trace).is_file()  # in the repository
+    blocked = "import sys; sys.modules['matplotlib'] = None; " + MAIN.removeprefix("import sys; ")
+    report = tmp_path / "report"
+    out = subprocess.run(
+        [sys.executable, "-c", blocked, *command[1:], "--report", str(report)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stderr.count("no chart: matplotlib is not installed") == 1
+    assert (report / "report.json").is_file() and not (report / "simulate.png").exists()
+    assert "chart: none (no matplotlib)" in out.stdout
+
+
+def test_the_docs_name_no_machine_paths() -> None:
+    for doc in ("README.md", "BENCHMARKS.md"):
+        text = (ROOT / doc).read_text()
+        assert "/work/" not in text and "/home/" not in text, doc
