@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,chart]'
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -30,7 +30,20 @@ $(ALERTMANAGER):
 		exit 1; \
 	fi
 
-test: $(STAMP) $(ALERTMANAGER)
+# tests/test_metrics.py checks the scrape and the shipped alert rules with promtool (Debian's
+# prometheus package).
+PROMTOOL := /usr/bin/promtool
+
+$(PROMTOOL):
+	@if [ "$$(id -u)" = 0 ]; then \
+		(apt-get install -y -qq prometheus >/dev/null 2>&1 \
+		 || (apt-get update -qq && apt-get install -y -qq prometheus)) >/dev/null; \
+	else \
+		echo "the tests need promtool: sudo apt-get install prometheus"; \
+		exit 1; \
+	fi
+
+test: $(STAMP) $(ALERTMANAGER) $(PROMTOOL)
 	$(BIN)/pytest
 
 lint: $(STAMP)

@@ -180,7 +180,7 @@ def example_config(*, vast_url: str, api_port: int, curio_schema: str) -> Config
     - `vast.base_url` (absent: https://console.vast.ai) -> the fake vast API;
     - the value of `vast.env.FLEETGATE_URL` (https://fleetgate.example.org: how instances
       reach the controller) -> this controller's API on loopback;
-    - `api.listen` (0.0.0.0:8765) and `api.public_url` -> a free port on 127.0.0.1;
+    - `api.listen` (127.0.0.1:8765) and `api.public_url` -> a free port on 127.0.0.1;
     - `curio.schema_name` (curio) -> CurioDB's random schema: the test database is shared by
       tests running side by side, so a fixed schema name would collide;
     and the environment variables the example names get test values (set by the fixture:

@@ -1,0 +1,240 @@
+"""Prometheus metrics over the journal, computed when scraped: GET /metrics.
+
+Nothing is counted in memory: every scrape reads the journal (a few aggregate SELECTs), so
+the numbers are the same whichever controller of several serves them, survive a restart, and
+say what the journal says. Label values come from fixed sets or from names the controller
+itself chose (action kinds, statuses, stages); anything else is `other`, never free text.
+
+    fleetgate_tick_duration_seconds              histogram of finished ticks
+    fleetgate_tick_failures_total                ticks started, never finished, before the
+                                                 last finished one
+    fleetgate_last_tick_finished_timestamp_seconds
+    fleetgate_actions_total{action,status,proposer}   (an intent moves to its outcome when done)
+    fleetgate_escalations{kind,status}
+    fleetgate_escalation_oldest_pending_timestamp_seconds
+    fleetgate_llm_calls_total{status}, fleetgate_llm_tokens_total, fleetgate_llm_latency_seconds
+    fleetgate_instances{stage,status}            the tracked instances
+    fleetgate_fleet_instances, fleetgate_pending_tasks, fleetgate_running_tasks,
+    fleetgate_spend_per_hour                     from the last finished tick's summary
+    fleetgate_lease_live{lease}, fleetgate_lease_seconds_left{lease}
+
+Timestamps are the controller's clock (seconds since the epoch). A journal that cannot be read
+answers 503, so the scrape fails visibly rather than reporting zeros.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from fastapi import APIRouter, Response
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.utils import floatToGoString
+
+from controller.store import lease
+from controller.store.aggregate import loads
+from controller.store.backend import JournalError
+from controller.store.journal import Journal
+
+log = logging.getLogger(__name__)
+
+PROPOSERS = ("rule", "llm", "human", "deadline")  # a proposer's class; anything else: other
+TICK_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+LLM_BUCKETS_S = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,47}$")  # a name the controller chose
+
+
+def proposer_class(proposer: str) -> str:
+    """`rule:restart-frozen` -> rule; a proposer of no known class -> other."""
+    head = str(proposer).split(":", 1)[0]
+    return head if head in PROPOSERS else "other"
+
+
+def name_label(value: Any) -> str:
+    """A label value from a column the controller writes names to; free text -> other."""
+    text = "" if value is None else str(value)
+    return text if _NAME.match(text) else "other"
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _histogram(name: str, doc: str, buckets: Sequence[float], count_le: Sequence[int],
+               count: int, total: float) -> HistogramMetricFamily:  # fmt: skip
+    les = [str(floatToGoString(b)) for b in buckets]  # type: ignore[no-untyped-call]
+    pairs = [(le, float(n)) for le, n in zip(les, count_le, strict=True)]
+    return HistogramMetricFamily(name, doc, buckets=[*pairs, ("+Inf", float(count))],
+                                 sum_value=total)  # fmt: skip
+
+
+def _bucket_sql(expr: str, buckets: Sequence[float]) -> str:
+    return ", ".join(f"COALESCE(SUM(CASE WHEN {expr} <= {b!r} THEN 1 ELSE 0 END), 0) AS le{i}"
+                     for i, b in enumerate(buckets))  # fmt: skip
+
+
+class JournalCollector(Collector):
+    """Every metric, read from `journal` at collection time."""
+
+    def __init__(self, journal: Journal, lease_name: str = lease.LEADER) -> None:
+        self.journal = journal
+        self.lease_name = lease_name
+
+    def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        return self.journal.store.query(sql, args)
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._ticks()
+        yield from self._actions()
+        yield from self._escalations()
+        yield from self._llm()
+        yield from self._fleet()
+        yield from self._lease()
+
+    # ---- ticks -----------------------------------------------------------------------------
+    def _ticks(self) -> Iterator[Metric]:
+        dur = "(finished_at - started_at)"
+        row = self._query(
+            f"SELECT COUNT(*) AS n, COALESCE(SUM({dur}), 0) AS total, MAX(finished_at) AS last, "
+            f"MAX(id) AS last_id, {_bucket_sql(dur, TICK_BUCKETS_S)} "
+            "FROM ticks WHERE finished_at IS NOT NULL"
+        )[0]
+        le = [int(row[f"le{i}"]) for i in range(len(TICK_BUCKETS_S))]
+        yield _histogram("fleetgate_tick_duration_seconds", "How long each finished tick took.",
+                         TICK_BUCKETS_S, le, int(row["n"]), float(row["total"]))  # fmt: skip
+        failed = 0
+        if row["last_id"] is not None:
+            failed = int(self._query("SELECT COUNT(*) AS n FROM ticks WHERE finished_at IS NULL "
+                                     "AND id < ?", (int(row["last_id"]),))[0]["n"])  # fmt: skip
+        yield CounterMetricFamily("fleetgate_tick_failures", "Ticks that started and never "
+                                  "finished, older than the last finished tick.",
+                                  value=failed)  # fmt: skip
+        if row["last"] is not None:
+            yield GaugeMetricFamily("fleetgate_last_tick_finished_timestamp_seconds",
+                                    "When the last tick finished.",
+                                    value=float(row["last"]))  # fmt: skip
+
+    # ---- actions ---------------------------------------------------------------------------
+    def _actions(self) -> Iterator[Metric]:
+        rows = self._query("SELECT action, status, proposer, COUNT(*) AS n FROM actions "
+                           "GROUP BY action, status, proposer")  # fmt: skip
+        counts: Counter[tuple[str, str, str]] = Counter()
+        for r in rows:
+            key = (name_label(r["action"]), name_label(r["status"]),
+                   proposer_class(r["proposer"]))  # fmt: skip
+            counts[key] += int(r["n"])
+        family = CounterMetricFamily("fleetgate_actions", "Actions in the journal by kind, "
+                                     "status and proposer class.",
+                                     labels=("action", "status", "proposer"))  # fmt: skip
+        for key, n in sorted(counts.items()):
+            family.add_metric(key, n)
+        yield family
+
+    # ---- escalations -----------------------------------------------------------------------
+    def _escalations(self) -> Iterator[Metric]:
+        rows = self._query("SELECT kind, status, COUNT(*) AS n FROM escalations "
+                           "GROUP BY kind, status")  # fmt: skip
+        counts: Counter[tuple[str, str]] = Counter()
+        for r in rows:
+            counts[(name_label(r["kind"]), name_label(r["status"]))] += int(r["n"])
+        family = GaugeMetricFamily("fleetgate_escalations", "Escalations in the journal by kind "
+                                   "and status.", labels=("kind", "status"))  # fmt: skip
+        for key, n in sorted(counts.items()):
+            family.add_metric(key, n)
+        yield family
+        oldest = self._query("SELECT MIN(created_at) AS t FROM escalations "
+                             "WHERE status = 'pending'")[0]["t"]  # fmt: skip
+        if oldest is not None:
+            yield GaugeMetricFamily("fleetgate_escalation_oldest_pending_timestamp_seconds",
+                                    "When the oldest pending escalation was raised.",
+                                    value=float(oldest))  # fmt: skip
+
+    # ---- LLM -------------------------------------------------------------------------------
+    def _llm(self) -> Iterator[Metric]:
+        rows = self._query("SELECT status, COUNT(*) AS n, COALESCE(SUM(tokens), 0) AS tokens "
+                           "FROM llm_calls GROUP BY status")  # fmt: skip
+        calls: Counter[str] = Counter()
+        for r in rows:
+            calls[name_label(r["status"])] += int(r["n"])
+        family = CounterMetricFamily("fleetgate_llm_calls", "LLM calls by status.",
+                                     labels=("status",))  # fmt: skip
+        for status, n in sorted(calls.items()):
+            family.add_metric((status,), n)
+        yield family
+        yield CounterMetricFamily("fleetgate_llm_tokens", "Tokens the LLM calls used.",
+                                  value=sum(int(r["tokens"]) for r in rows))  # fmt: skip
+        secs = "(latency_ms / 1000.0)"
+        row = self._query(
+            f"SELECT COUNT(*) AS n, COALESCE(SUM({secs}), 0) AS total, "
+            f"{_bucket_sql(secs, LLM_BUCKETS_S)} FROM llm_calls WHERE latency_ms IS NOT NULL"
+        )[0]
+        le = [int(row[f"le{i}"]) for i in range(len(LLM_BUCKETS_S))]
+        yield _histogram("fleetgate_llm_latency_seconds", "How long each LLM call took.",
+                         LLM_BUCKETS_S, le, int(row["n"]), float(row["total"]))  # fmt: skip
+
+    # ---- fleet -----------------------------------------------------------------------------
+    def _fleet(self) -> Iterator[Metric]:
+        tracks = self.journal.fleet.tracks().values()
+        counts = Counter((name_label(t.stage), name_label(t.status)) for t in tracks)
+        family = GaugeMetricFamily("fleetgate_instances", "Tracked instances by stage and "
+                                   "status.", labels=("stage", "status"))  # fmt: skip
+        for key, n in sorted(counts.items()):
+            family.add_metric(key, n)
+        yield family
+        last = self._query("SELECT summary FROM ticks WHERE finished_at IS NOT NULL "
+                           "ORDER BY id DESC LIMIT 1")  # fmt: skip
+        summary = loads(last[0]["summary"], {}) if last else {}
+        if not isinstance(summary, dict):
+            summary = {}
+        for field, name, doc in (
+            ("instances", "fleetgate_fleet_instances", "Instances, as of the last tick."),
+            ("pending", "fleetgate_pending_tasks", "Tasks queued, as of the last tick."),
+            ("running_tasks", "fleetgate_running_tasks", "Tasks running, as of the last tick."),
+            ("spend_per_h", "fleetgate_spend_per_hour", "Spend per hour, as of the last tick."),
+        ):  # fmt: skip
+            value = _number(summary.get(field))
+            if value is not None:
+                yield GaugeMetricFamily(name, doc, value=value)
+
+    # ---- leadership ------------------------------------------------------------------------
+    def _lease(self) -> Iterator[Metric]:
+        state = lease.read(self.journal, self.lease_name)
+        live = GaugeMetricFamily("fleetgate_lease_live", "1 while some controller holds the "
+                                 "leader lease unexpired.", labels=("lease",))  # fmt: skip
+        live.add_metric((self.lease_name,), 1.0 if state.live else 0.0)
+        yield live
+        left = GaugeMetricFamily("fleetgate_lease_seconds_left", "Seconds until the leader "
+                                 "lease expires (0 once expired).", labels=("lease",))  # fmt: skip
+        left.add_metric((self.lease_name,), max(0.0, state.expires_in_s) if state.live else 0.0)
+        yield left
+
+
+def metrics_router(journal: Journal) -> APIRouter:
+    """GET /metrics: the journal's metrics in Prometheus's text format."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(JournalCollector(journal))
+    router = APIRouter()
+
+    @router.get("/metrics", include_in_schema=False)
+    def metrics() -> Response:
+        try:
+            body = generate_latest(registry)
+        except JournalError as exc:
+            log.warning("/metrics: the journal could not be read: %s", exc)
+            return Response("the journal could not be read\n", status_code=503,
+                            media_type="text/plain")  # fmt: skip
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    return router

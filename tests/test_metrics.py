@@ -1,0 +1,186 @@
+"""GET /metrics on the operator API over a real journal, scraped over HTTP and checked with
+promtool; the shipped alert rules pass `promtool check rules` and their unit tests."""
+
+from __future__ import annotations
+
+import subprocess
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import SecretStr
+
+from controller.core.track import Track
+from controller.service.api import Server, create_app
+from controller.store.journal import Journal
+from controller.store.lease import Lease
+from tests.support import ROOT, record_action
+
+PROMTOOL = "/usr/bin/promtool"
+RULES = ROOT / "deploy" / "prometheus"
+
+# (action, status, proposer as written, its class as exposed)
+ACTIONS = [
+    ("reboot", "done", "rule:restart-frozen", "rule"),
+    ("reboot", "done", "rule:restart-frozen", "rule"),
+    ("reboot", "done", "rule:other-rule", "rule"),  # same class: counted together
+    ("reboot", "failed", "rule:restart-frozen", "rule"),
+    ("replace", "done", "llm:gpt-x", "llm"),
+    ("replace", "refused", "human:ana", "human"),
+    ("scale_to", "done", "deadline:esc-4", "deadline"),
+    ("destroy", "intent", "someone typed this: drop everything", "other"),
+]
+TICKS = [(100.0, 101.5), (160.0, 160.2), (220.0, None), (280.0, 283.0), (340.0, None)]
+SUMMARY = {"instances": 7, "pending": 42, "spend_per_h": 12.5, "running_tasks": 5}
+
+
+def _track(i: str, stage: str, status: str) -> Track:
+    return Track(i, "m" + i, 0, stage, 0, status, 0, "up", 0)
+
+
+def _fill(j: Journal) -> None:
+    for started, finished in TICKS:
+        tick = j.meta.start_tick(started, "digest")
+        if finished is not None:
+            j.meta.finish_tick(tick, finished, {**SUMMARY, "tick": tick})
+    for n, (action, status, proposer, _cls) in enumerate(ACTIONS):
+        record_action(j, 300.0 + n, action=action, status=status, proposer=proposer)
+    raised = [("unmatched", "pending"), ("unmatched", "pending"), ("unmatched", "approved"),
+              ("budget", "pending")]  # fmt: skip
+    for n, (kind, status) in enumerate(raised):
+        esc = j.escalations.add_escalation(fingerprint=f"fp{n}", kind=kind, subject="s",
+                                           summary="x", now=1000.0 + n, deadline=5000.0,
+                                           situation={}, default_action={})  # fmt: skip
+        if status != "pending":
+            j.escalations.set_escalation_status(esc, status)
+    for status, tokens, latency_ms in [("ok", 1200, 800.0), ("ok", 300, 2500.0),
+                                       ("error", 0, None), ("invalid", 50, 40000.0)]:  # fmt: skip
+        j.llm.add_llm_call(escalation_id=None, now=500.0, model="m", status=status,
+                           tokens=tokens, latency_ms=latency_ms)  # fmt: skip
+    tracks = {"1": _track("1", "running", "running"), "2": _track("2", "running", "running"),
+              "3": _track("3", "booting", "loading"),
+              "4": _track("4", "running", "an odd status from the provider!")}  # fmt: skip
+    j.fleet.save_tracks(tracks, [])
+
+
+@pytest.fixture
+def scraped(tmp_path: Path) -> Iterator[tuple[requests.Response, Journal]]:
+    journal = Journal(tmp_path / "j.db")
+    lease = Lease(journal, "host-a:1", ttl_s=30, margin_s=1)
+    assert lease.renew()
+    _fill(journal)
+    app = create_app(journal, SecretStr("t0ken"), clock=lambda: 500.0)
+    server = Server(app, "127.0.0.1", 0)
+    server.start()
+    try:
+        yield requests.get(f"http://127.0.0.1:{server.port}/metrics", timeout=10), journal
+    finally:
+        server.stop()
+        journal.close()
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_metrics_scrape_passes_promtool_and_matches_the_journal(
+    scraped: tuple[requests.Response, Journal],
+) -> None:
+    resp, _ = scraped
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith("text/plain; version=")
+    check = subprocess.run([PROMTOOL, "check", "metrics"], input=resp.text, text=True,
+                           capture_output=True, timeout=60)  # fmt: skip
+    assert check.returncode == 0, check.stdout + check.stderr
+    got = _samples(resp.text)
+
+    # actions: one series per (kind, status, proposer class), equal to the rows written
+    want = Counter((a, s, c) for a, s, _p, c in ACTIONS)
+    series = {k: v for k, v in got.items() if k[0] == "fleetgate_actions_total"}
+    assert series == {("fleetgate_actions_total",
+                       (("action", a), ("proposer", c), ("status", s))): float(n)
+                      for (a, s, c), n in want.items()}  # fmt: skip
+    assert "drop everything" not in resp.text and "host-a" not in resp.text
+
+    # ticks: three finished (1.5 s, 0.2 s, 3 s), one failed, the newest still running
+    durations = [f - s for s, f in TICKS if f is not None]
+    assert got[("fleetgate_tick_duration_seconds_count", ())] == len(durations)
+    assert got[("fleetgate_tick_duration_seconds_sum", ())] == pytest.approx(sum(durations))
+    assert got[("fleetgate_tick_duration_seconds_bucket", (("le", "0.25"),))] == 1
+    assert got[("fleetgate_tick_duration_seconds_bucket", (("le", "2.5"),))] == 2
+    assert got[("fleetgate_tick_duration_seconds_bucket", (("le", "5.0"),))] == 3
+    assert got[("fleetgate_tick_failures_total", ())] == 1
+    assert got[("fleetgate_last_tick_finished_timestamp_seconds", ())] == 283.0
+    assert got[("fleetgate_fleet_instances", ())] == SUMMARY["instances"]
+    assert got[("fleetgate_pending_tasks", ())] == SUMMARY["pending"]
+    assert got[("fleetgate_running_tasks", ())] == SUMMARY["running_tasks"]
+    assert got[("fleetgate_spend_per_hour", ())] == SUMMARY["spend_per_h"]
+
+    # escalations by kind and status; the oldest pending one
+    assert got[("fleetgate_escalations", (("kind", "unmatched"), ("status", "pending")))] == 2
+    assert got[("fleetgate_escalations", (("kind", "unmatched"), ("status", "approved")))] == 1
+    assert got[("fleetgate_escalations", (("kind", "budget"), ("status", "pending")))] == 1
+    assert got[("fleetgate_escalation_oldest_pending_timestamp_seconds", ())] == 1000.0
+
+    # LLM calls, tokens, latency
+    assert got[("fleetgate_llm_calls_total", (("status", "ok"),))] == 2
+    assert got[("fleetgate_llm_calls_total", (("status", "error"),))] == 1
+    assert got[("fleetgate_llm_calls_total", (("status", "invalid"),))] == 1
+    assert got[("fleetgate_llm_tokens_total", ())] == 1550
+    assert got[("fleetgate_llm_latency_seconds_count", ())] == 3
+    assert got[("fleetgate_llm_latency_seconds_sum", ())] == pytest.approx(43.3)
+    assert got[("fleetgate_llm_latency_seconds_bucket", (("le", "1.0"),))] == 1
+    assert got[("fleetgate_llm_latency_seconds_bucket", (("le", "30.0"),))] == 2
+
+    # instances by stage and status; a status that is not a name is `other`
+    instances = {k[1]: v for k, v in got.items() if k[0] == "fleetgate_instances"}
+    assert instances == {(("stage", "running"), ("status", "running")): 2,
+                         (("stage", "booting"), ("status", "loading")): 1,
+                         (("stage", "running"), ("status", "other")): 1}  # fmt: skip
+
+    # leadership
+    assert got[("fleetgate_lease_live", (("lease", "leader"),))] == 1
+    assert 0 < got[("fleetgate_lease_seconds_left", (("lease", "leader"),))] <= 30
+
+
+def test_metrics_follow_the_journal_between_scrapes(
+    scraped: tuple[requests.Response, Journal],
+) -> None:
+    resp, j = scraped
+    base = resp.url
+    before = _samples(resp.text)[("fleetgate_actions_total", (("action", "reboot"),
+                                  ("proposer", "rule"), ("status", "done")))]  # fmt: skip
+    record_action(j, 400.0, action="reboot", status="done", proposer="rule:restart-frozen")
+    with j.tx() as db:  # the leader stopped renewing 100 s ago
+        db.execute("UPDATE leases SET expires_at = expires_at - 100")
+    after = _samples(requests.get(base, timeout=10).text)
+    assert after[("fleetgate_actions_total", (("action", "reboot"), ("proposer", "rule"),
+                  ("status", "done")))] == before + 1  # fmt: skip
+    assert after[("fleetgate_lease_live", (("lease", "leader"),))] == 0
+    assert after[("fleetgate_lease_seconds_left", (("lease", "leader"),))] == 0
+
+    with j.tx() as db:  # a journal that cannot be read: the scrape fails, it reports no zeros
+        db.execute("DROP TABLE llm_calls")
+    broken = requests.get(base, timeout=10)
+    assert broken.status_code == 503 and "fleetgate_" not in broken.text
+
+
+def test_shipped_alert_rules_pass_promtool() -> None:
+    check = subprocess.run([PROMTOOL, "check", "rules", "fleetgate-alerts.yaml"], cwd=RULES,
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "4 rules found" in check.stdout
+    unit = subprocess.run([PROMTOOL, "test", "rules", "fleetgate-alerts_test.yaml"], cwd=RULES,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert unit.returncode == 0, unit.stdout + unit.stderr
+    tested = (RULES / "fleetgate-alerts_test.yaml").read_text(encoding="utf-8")
+    for alert in ("FleetgateTickStalled", "FleetgateTickFailures", "FleetgateBudgetNearCap",
+                  "FleetgateEscalationPending"):  # fmt: skip
+        assert f"alertname: {alert}" in tested
