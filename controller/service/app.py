@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from controller.core.policy import DecideSettings
 from controller.service.config import Config
+from controller.service.status import status_doc
 from controller.service.tick import Controller
 from controller.sim import Simulation
-from controller.store import lease
 from controller.store.journal import Journal
 from controller.store.records import LifecycleStore
 from escalation.outbox import Background, Outbox, step
@@ -115,29 +115,9 @@ def decide_settings(config: Config) -> DecideSettings:
 
 
 def status(app: App) -> dict[str, Any]:
-    """What `fleetgate status` shows: the fleet as the last tick saw it, the queue, the last
-    tick, what waits on people; instances on the account that fleetgate does not manage."""
-    j = app.journal
-    last = j.meta.ticks(1)
-    tracks = list(j.fleet.history(app.controller.clock()).instances.values())
-    by_stage: dict[str, int] = {}
-    for t in tracks:
-        key = t.stage if t.status == "running" else t.status
-        by_stage[key] = by_stage.get(key, 0) + 1
-    summary = (last[0].get("summary") or {}) if last else {}
-    return {
-        "provider": app.config.provider,
-        "paused": bool(j.meta.get("paused", False)) or app.config.guards.paused,
-        "rules": app.controller.rules.book.digest,
-        "last_tick": last[0] if last else None,
-        "instances": len(tracks),
-        "by_stage": by_stage,
-        "foreign": summary.get("foreign", []),
-        "spend_per_h": summary.get("spend_per_h"),
-        "demand": {
-            "all": {"pending": summary.get("pending"), "running": summary.get("running_tasks")}
-        },  # fmt: skip
-        "pending_escalations": len(j.escalations.recent(status="pending")),
-        "leader": lease.read(j, ttl_s=app.config.lease.ttl_s).as_dict(),
-        "sim": app.sim.stats if app.sim else None,
-    }
+    """What `fleetgate status` shows (`controller.service.status`), as this controller sees it."""
+    return status_doc(
+        app.journal, now=app.controller.clock(), provider=app.config.provider,
+        paused=app.config.guards.paused, rules=app.controller.rules.book.digest,
+        ttl_s=app.config.lease.ttl_s, sim=app.sim.stats if app.sim else None,
+    )  # fmt: skip

@@ -30,6 +30,7 @@ from controller.core.fields import RESOLVER
 from controller.rules.rulebook import RulesError
 from controller.rules.source import read_rulebook
 from controller.rules.yamlsrc import Located, load
+from controller.service import status
 from controller.service.config import (
     Config,
     ConfigError,
@@ -39,7 +40,6 @@ from controller.service.config import (
     state_dir,
 )
 from controller.service.secrets import SecretError
-from controller.store import lease
 from controller.store.journal import Journal
 
 COMMANDS = ("status", "actions", "pause", "resume")  # with `escalations list|show`
@@ -131,35 +131,18 @@ def opened(config_path: str | None, state_arg: str | None, *, write: bool) -> It
 
 
 def status_doc(off: Offline) -> dict[str, Any]:
-    """What `fleetgate status` shows, from the journal alone: the fleet as the last tick saw
-    it, the queue, the last tick (and the rules digest it ran), what waits on people."""
+    """What `fleetgate status` shows, from the journal alone (`controller.service.status`),
+    with the rules digest the last tick ran and what is broken."""
     j = off.journal
     last = j.meta.ticks(1)
     sim = _saved_sim(j)
     now = sim.now() if sim is not None else (j.meta.last_now() or 0.0)
-    tracks = list(j.fleet.history(now).instances.values())
-    by_stage: dict[str, int] = {}
-    for t in tracks:
-        key = t.stage if t.status == "running" else t.status
-        by_stage[key] = by_stage.get(key, 0) + 1
-    summary = (last[0].get("summary") or {}) if last else {}
-    return {
-        "provider": off.config.provider,
-        "paused": bool(j.meta.get("paused", False)) or off.config.guards.paused,
-        "rules": last[0].get("rules") if last else None,
-        "last_tick": last[0] if last else None,
-        "instances": len(tracks),
-        "by_stage": by_stage,
-        "foreign": summary.get("foreign", []),
-        "spend_per_h": summary.get("spend_per_h"),
-        "demand": {
-            "all": {"pending": summary.get("pending"), "running": summary.get("running_tasks")}
-        },  # fmt: skip
-        "pending_escalations": len(j.escalations.recent(status="pending")),
-        "leader": lease.read(j).as_dict(),
-        "sim": sim.stats if sim is not None else None,
-        "problems": off.problems,
-    }
+    doc = status.status_doc(
+        j, now=now, provider=off.config.provider, paused=off.config.guards.paused,
+        rules=last[0].get("rules") if last else None, ttl_s=off.config.lease.ttl_s,
+        sim=sim.stats if sim is not None else None,
+    )  # fmt: skip
+    return {**doc, "problems": off.problems}
 
 
 def _saved_sim(journal: Journal) -> Any:
