@@ -74,7 +74,9 @@ class LLMSettings(BaseModel):
     max_tokens_per_day: int = Field(default=200_000, ge=0)
     temperature: float = Field(default=0.0, ge=0, le=2)
     max_tokens: int = Field(default=800, ge=1)  # of the answer
-    require_check: bool = False  # the service asks it only after `fleetgate llm-check` passed
+    # the service asks it only after `fleetgate llm-check` passed; unset: on whenever the
+    # gate lets an answer act (mode `act`, or an action on `act`), off when it only proposes
+    require_check: bool | None = None
     check_threshold: float = Field(default=0.8, ge=0, le=1)  # share of llm-check probes to pass
 
     @field_validator("base_url")

@@ -23,7 +23,7 @@ def config(base_url: str, extra: str = "") -> Config:
         "interval_s: 0.01\n"
         "escalation:\n"
         f"  llm: {{base_url: '{base_url}', model: fake-model, api_key: {{env: FG_TEST_LLM_KEY}},\n"
-        "        retries: 1, timeout_s: 5}\n"
+        "        retries: 1, timeout_s: 5, require_check: false}\n"
         "  deadline_s: 864000\n" + extra
     )
     return parse_config("test.yaml", text)
@@ -173,12 +173,13 @@ def _cli(args: list[str], cfg: Path, state: Path) -> Any:
                           capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
 
 
-def _config_file(tmp_path: Path, url: str, require: bool = False) -> Path:
+def _config_file(tmp_path: Path, url: str, require: bool | None = False, gate: str = "") -> Path:
     cfg = tmp_path / "llm.yaml"
+    check = "" if require is None else f", require_check: {str(require).lower()}"
     cfg.write_text(
-        "escalation:\n"
+        gate + "escalation:\n"
         f"  llm: {{base_url: '{url}', model: fake-model, api_key: {{env: FG_TEST_LLM_KEY}},\n"
-        f"        retries: 0, timeout_s: 5, require_check: {str(require).lower()}}}\n"
+        f"        retries: 0, timeout_s: 5{check}}}\n"
     )
     return cfg
 
@@ -204,6 +205,17 @@ def test_require_check_keeps_the_llm_off_until_a_check_passed(tmp_path: Path) ->
         assert "LLM escalation is off until `fleetgate llm-check` passes" in out.stderr
         assert _cli(["llm-check"], cfg, state).returncode == 0
         out = _cli(["tick"], cfg, state)
+        assert out.returncode == 0 and "LLM escalation is off" not in out.stderr
+
+
+def test_an_unchecked_model_never_acts_by_default_but_may_propose(tmp_path: Path) -> None:
+    """`require_check` unset: on in `act` mode (the default gate), off when answers only
+    propose."""
+    with FakeOpenAI(default="smart") as fake:
+        out = _cli(["tick"], _config_file(tmp_path, fake.url, require=None), tmp_path / "a")
+        assert "LLM escalation is off until `fleetgate llm-check` passes" in out.stderr
+        proposing = _config_file(tmp_path, fake.url, require=None, gate="gate: {mode: propose}\n")
+        out = _cli(["tick"], proposing, tmp_path / "p")
         assert out.returncode == 0 and "LLM escalation is off" not in out.stderr
 
 

@@ -78,7 +78,8 @@ def config_text(llm: str, rx: str, smtp_port: int, api_port: int) -> str:
     return f"""
 interval_s: 0.01
 escalation:
-  llm: {{base_url: '{llm}', model: fake-model, api_key: {{env: FG_LLM_KEY}}, retries: 0}}
+  llm: {{base_url: '{llm}', model: fake-model, api_key: {{env: FG_LLM_KEY}}, retries: 0,
+        require_check: false}}
   channels:
     - console
     - file

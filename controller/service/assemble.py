@@ -138,8 +138,9 @@ def _escalator(config: Config, config_path: str | None, state: Path, journal: Jo
                sleep: Callable[[float], None], dry: bool) -> Escalator:  # fmt: skip
     esc = config.escalation
     with building(config_path, "escalation.llm"):
+        acting = config.gate.mode == "act" or "act" in config.gate.actions.values()
         reader = llm_reader.reader(esc.llm, journal, renderer, clock=clock, sleep=sleep,
-                                   enforce_check=not dry)  # fmt: skip
+                                   enforce_check=not dry, acting=acting)  # fmt: skip
     return Escalator(journal, Notifier(channels, renderer), window_s=esc.dedup_window_s,
                      deadline_s=esc.deadline_s, cli_prefix=cli_prefix(config_path, state),
                      gate=config.gate, reader=reader, answer_url=answer_url(config),

@@ -2,6 +2,7 @@
 
 `require_check: true` keeps the reader off (people only) until `fleetgate llm-check` passed
 for the configured model at the configured URL; the last check's result is in the journal.
+Unset, it is on whenever the gate lets an answer act: an unchecked model never acts.
 """
 
 from __future__ import annotations
@@ -41,12 +42,15 @@ def reader(
     clock: Callable[[], float],
     sleep: Callable[[float], None],
     enforce_check: bool = True,
+    acting: bool = True,
 ) -> LLMClient | None:
-    """The LLM reader, or None (people only) when none is configured or its check is due."""
+    """The LLM reader, or None (people only) when none is configured or its check is due;
+    `acting`: the gate lets some answer act (what `require_check` defaults to)."""
     if settings is None:
         return None
     client = llm_client(settings, journal, renderer, clock=clock, sleep=sleep)
-    if enforce_check and settings.require_check and not check_passed(journal, settings):
+    required = acting if settings.require_check is None else settings.require_check
+    if enforce_check and required and not check_passed(journal, settings):
         log.warning("LLM escalation is off until `fleetgate llm-check` passes for model %r at %s",
                     settings.model, settings.base_url)  # fmt: skip
         return None

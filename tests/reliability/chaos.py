@@ -489,7 +489,7 @@ def adversarial_llm(n: int, seed: int) -> dict[str, Any]:
                 "interval_s: 0.01\n"
                 "escalation:\n"
                 f"  llm: {{base_url: '{fake.url}', model: fake-model,"
-                " api_key: {env: FG_CHAOS_LLM_KEY}, retries: 0, timeout_s: 5,"
+                " api_key: {env: FG_CHAOS_LLM_KEY}, retries: 0, timeout_s: 5, require_check: false,"
                 " max_calls_per_hour: 100000, max_tokens_per_day: 1000000000}\n"
                 "  channels: [file]\n"
                 "  deadline_s: 864000\n"
@@ -634,7 +634,8 @@ def secrets_scan(ticks: int = 40) -> dict[str, Any]:
             cfg = parse_config("secrets.yaml", f"""
 interval_s: 0.01
 escalation:
-  llm: {{base_url: '{llm.url}', model: fake-model, api_key: {{env: FG_CHAOS_LLM_KEY}}, retries: 0}}
+  llm: {{base_url: '{llm.url}', model: fake-model, api_key: {{env: FG_CHAOS_LLM_KEY}}, retries: 0,
+        require_check: false}}
   channels:
     - console
     - file
