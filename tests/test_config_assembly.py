@@ -143,7 +143,9 @@ vast: {{api_key: {{env: VAST_API_KEY}}, image: example/cuzk:latest, base_url: '{
 curio: {{dsn: {{env: CURIO_DSN}}}}
 instances: {{fleet_token: {{env: FLEETGATE_FLEET_TOKEN}}, shared_token_opt_in: true}}
 api: {{token: {{env: FLEETGATE_API_TOKEN}}}}
-escalation: {{channels: [console], llm: {{base_url: 'http://127.0.0.1:9/v1', model: m, require_check: false}}}}
+escalation:
+  channels: [console]
+  llm: {{base_url: 'http://127.0.0.1:9/v1', model: m, require_check: false}}
 """
         clock, sleeps = FakeClock(), []
         app = assemble(parse_config("c.yaml", text), state=tmp_path, clock=clock,

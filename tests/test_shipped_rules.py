@@ -334,10 +334,46 @@ def test_runner_reports_a_broken_test_file(tmp_path: Path) -> None:
     bad_yaml = tmp_path / "broken_test.yaml"
     bad_yaml.write_text("tests:\n  - name: x\n    facts: [\n", encoding="utf-8")
     missing = tmp_path / "missing_rules_test.yaml"
-    missing.write_text("rule_files: [does-not-exist.yaml]\ntests: []\n", encoding="utf-8")
+    missing.write_text("rule_files: [does-not-exist.yaml]\n"
+                       "tests: [{name: x, facts: [], expect: {proposals: []}}]\n",
+                       encoding="utf-8")  # fmt: skip
     results = run_files([bad_yaml, missing])
     assert [r.name for r in results] == ["(file)", "(rules)"], results
     assert all(not r.ok and r.problems for r in results), results
+
+
+STRAY = """\
+rule_files: [../crashes.yaml]
+tests:
+  - name: a misspelled expect checks nothing
+    facts:
+      - {kind: instance, id: i1, daemon: down}
+    expext:
+      proposals: []
+  - name: a stray key in a proposal
+    facts:
+      - {kind: instanse, id: i1}
+    expect:
+      proposals:
+        - {rule: r, acton: restart_daemon}
+      unmatchd: []
+"""
+
+
+def test_a_test_file_outside_its_shape_is_an_error_at_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "stray_test.yaml"
+    path.write_text(STRAY, encoding="utf-8")
+    [result] = run_files([path])
+    assert not result.ok and result.name == "(file)"
+    at = f"{path}:"
+    assert result.problems == (
+        f"{at}6: expext: unknown key in a test (expected one of expect, facts, name)",
+        f"{at}3: expect: missing (a test must expect something)",
+        f"{at}14: unmatchd: unknown key in expect (expected one of proposals, unmatched)",
+        f"{at}13: acton: unknown key in an expected proposal (expected one of action, params, "
+        "rule)",
+        f"{at}10: kind: 'instanse' is not a fact kind (one of instance, demand, fleet, sensor)",
+    ), result.problems
 
 
 # ---------------------------------------------------------------- the CLI

@@ -15,6 +15,10 @@ A test file (YAML):
 
 `proposals` must match exactly: every expected one present (params compared as a subset),
 none unexpected. Matching runs through durable_rules and `decide`, as a tick does.
+
+A test file is read strictly: a key outside the shape above (a misspelled `expect:`, `facts`
+under `expect`, `acton` in a proposal), a fact of an unknown kind or a test without `expect`
+is an error at its `file:line`, never a test that passes by checking nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from controller.rules.engine import Engine
 from controller.rules.fire import proposals_from
 from controller.rules.rulebook import RulesError
 from controller.rules.source import read_rulebook
-from controller.rules.yamlsrc import YamlError, load
+from controller.rules.yamlsrc import Located, YamlError, load
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     "instance": {
@@ -118,11 +122,56 @@ def run_test(engine: Engine, test: dict[str, Any], settings: DecideSettings) -> 
     return problems
 
 
+FILE_KEYS = frozenset({"rule_files", "settings", "tests"})
+TEST_KEYS = frozenset({"name", "facts", "expect"})
+EXPECT_KEYS = frozenset({"proposals", "unmatched"})
+PROPOSAL_KEYS = frozenset({"rule", "action", "params"})
+
+
+def _unknown(where: str, value: Any, allowed: frozenset[str], what: str) -> list[str]:
+    """`where:line: KEY: unknown key in WHAT (expected one of ...)` for each stray key."""
+    if not isinstance(value, dict):
+        return [f"{where}:{getattr(value, 'line', 0)}: {what} must be a mapping"]
+    line_of = value.line_of if isinstance(value, Located) else (lambda _k: 0)
+    return [f"{where}:{line_of(str(k))}: {str(k)[:40]}: unknown key in {what} "
+            f"(expected one of {', '.join(sorted(allowed))})"
+            for k in value if k not in allowed]  # fmt: skip
+
+
+def shape_problems(where: str, doc: Any) -> list[str]:
+    """Everything in a test file outside the documented shape (module docstring)."""
+    problems = _unknown(where, doc, FILE_KEYS, "the test file")
+    tests = doc.get("tests") if isinstance(doc, dict) else None
+    if not isinstance(tests, list) or not tests:
+        return [*problems, f"{where}:{getattr(doc, 'line', 0)}: tests: a list of tests is needed"]
+    for test in tests:
+        problems += _unknown(where, test, TEST_KEYS, "a test")
+        if not isinstance(test, dict):
+            continue
+        line = getattr(test, "line", 0)
+        if "expect" not in test:
+            problems.append(f"{where}:{line}: expect: missing (a test must expect something)")
+        else:
+            expect = test["expect"]
+            problems += _unknown(where, expect, EXPECT_KEYS, "expect")
+            for proposal in (expect.get("proposals") or []) if isinstance(expect, dict) else []:
+                problems += _unknown(where, proposal, PROPOSAL_KEYS, "an expected proposal")
+        for fact in test.get("facts") or []:
+            kind = fact.get("kind") if isinstance(fact, dict) else None
+            if kind not in DEFAULTS:
+                problems.append(f"{where}:{getattr(fact, 'line', line)}: kind: {str(kind)[:40]!r} "
+                                f"is not a fact kind (one of {', '.join(DEFAULTS)})")  # fmt: skip
+    return problems
+
+
 def run_file(path: Path) -> list[Result]:
     try:
         doc = load(path.read_text(encoding="utf-8")) or {}
     except (OSError, YamlError) as exc:
         return [Result(str(path), "(file)", (str(exc),))]
+    shape = shape_problems(str(path), doc)
+    if shape:
+        return [Result(str(path), "(file)", tuple(shape))]
     files = [path.parent / f for f in doc.get("rule_files") or []] or [path.parent.parent]
     try:
         engine = Engine(read_rulebook(files))
