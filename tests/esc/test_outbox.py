@@ -146,7 +146,7 @@ def test_a_hung_llm_and_mail_server_never_delay_a_tick_and_the_mail_goes_out_onc
     with Silent() as llm, Silent() as mail, FakeOpenAI() as model:
         app = make(config(tmp_path, (
             f"  llm: {{base_url: 'http://127.0.0.1:{llm.port}/v1', model: fake-model,\n"
-            "         timeout_s: 60, retries: 0}\n"
+            "         timeout_s: 60, retries: 0, require_check: false}\n"
             f"  channels: [{{type: email, host: 127.0.0.1, port: {mail.port}, security: none,\n"
             "               sender: fg@example.org, recipients: [ops@example.org],\n"
             "               timeout_s: 60, retries: 0}]\n"
@@ -273,7 +273,7 @@ def test_a_delivery_that_fails_once_goes_out_on_the_retry(
 def silent_llm(port: int) -> str:
     """The escalation config lines of an LLM at `port` that is waited on for a minute."""
     return (f"  llm: {{base_url: 'http://127.0.0.1:{port}/v1', model: fake-model,\n"
-            "         timeout_s: 60, retries: 0}\n")  # fmt: skip
+            "         timeout_s: 60, retries: 0, require_check: false}\n")  # fmt: skip
 
 
 def test_a_cron_step_is_bounded_and_what_the_llm_held_goes_to_people_next_time(
