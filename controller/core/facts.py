@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.core.model import Observation
+from controller.core.model import STAGES, Observation
 from controller.core.track import History
 
 # Every field a rule may name, per fact kind (a typo in a rules file is an error, not a no-op).
@@ -34,6 +34,21 @@ FIELDS: dict[str, frozenset[str]] = {
 }  # fmt: skip
 
 DEAD_STATUSES = frozenset({"exited", "offline", "unknown"})
+
+# The values a field takes, where they are a closed set: a rule naming another (`status:
+# froze`) would never match, so `check` refuses it. `status` is vast's `actual_status`
+# (`provisioning` for its null), as its API and console show them.
+VALUES: dict[str, dict[str, tuple[str, ...]]] = {
+    "instance": {
+        "status": ("provisioning", "created", "loading", "scheduling", "running", "stopped",
+                   "frozen", "exited", "rebooting", "restarting", "recycling", "unknown",
+                   "offline"),
+        "stage": STAGES,
+        "daemon": ("up", "down", "unknown"),
+        "sidecar": ("up", "down", "unknown"),
+    },
+    "sensor": {"state": ("ok", "stale", "failed")},
+}  # fmt: skip
 
 
 def _instance_fact(inst: Any, hist: History, now: float) -> dict[str, Any]:

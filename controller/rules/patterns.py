@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from controller.core.facts import FIELDS
+from controller.core.facts import FIELDS, VALUES
 from controller.rules.limits import show
 from controller.rules.model import Collector
 from controller.rules.regex_dialect import matches_problem
@@ -55,6 +55,27 @@ def check_pattern(
             )
             continue
         _check_condition(col, fld, cond, fline, rule, before)
+        values = VALUES.get(kind, {}).get(fld)
+        if values is not None:
+            _check_closed(col, fld, cond, values, fline, rule)
+
+
+def _check_closed(col: Collector, fld: str, cond: Any, values: tuple[str, ...], fline: int,
+                  rule: str | None) -> None:  # fmt: skip
+    """A value a field of a closed set never takes (`status: froze`): the rule could not match."""
+    named: list[Any] = []
+    if isinstance(cond, str):
+        named = [cond]
+    elif isinstance(cond, dict):
+        for op in ("eq", "neq"):
+            if isinstance(cond.get(op), str):
+                named.append(cond[op])
+        if isinstance(cond.get("in"), list):
+            named += [v for v in cond["in"] if isinstance(v, str)]
+    for value in named:
+        if value not in values:
+            col.add(fline, f"field {fld!r}: {show(value)} is not a value it takes "
+                           f"(one of {', '.join(values)})", rule)  # fmt: skip
 
 
 def _check_condition(
