@@ -43,7 +43,7 @@ rules:
     confidence: 0.9
   - name: ask-about-it
     description: an instance nobody understands
-    when: {instance: {status: odd}}
+    when: {instance: {status: frozen}}
     then: {action: escalate, reason: "instance {{ instance.id }} reports {{ instance.status }}"}
     confidence: 0.9
   - name: ask-plainly
@@ -175,12 +175,12 @@ def test_the_action_name_type_lists_exactly_the_vocabulary() -> None:
 
 
 def test_a_rule_that_escalates_is_one_requested_doubt_and_no_decision() -> None:
-    odd = fact("instance", "b", status="odd")
+    odd = fact("instance", "b", status="frozen")
     out = run([odd], [Match("abnormal:instance", {"m": "b"}), fired("ask-about-it", instance="b")])
     assert out.decisions == () and out.unmatched == ()
     [doubt] = out.doubts
     assert (doubt.kind, doubt.subject) == ("requested", "instance:b")
-    assert doubt.summary == "rule:ask-about-it asks a person to decide: instance b reports odd"
+    assert doubt.summary == "rule:ask-about-it asks a person to decide: instance b reports frozen"
     assert doubt.facts == (odd,) and doubt.proposals == ()
     assert doubt.key == {"proposer": "rule:ask-about-it"}
 

@@ -93,7 +93,7 @@ def compile_expr(value: Any) -> Expr:
         whole = _WHOLE.match(value)
         source = "{{" + whole.group(1) + "}}" if whole and "}}" not in whole.group(1) else value
         ast = _ENV.parse(source)
-        problem = static_problem(ast)
+        problem = static_problem(ast) or field_problem(ast)
         if problem:
             raise ExprError(f"expression {value!r}: {problem}")
         if source is value:
@@ -109,6 +109,21 @@ def compile_expr(value: Any) -> Expr:
 
 
 # -- load-time checks: evaluate what is constant ----------------------------------------------
+
+
+def field_problem(ast: nodes.Template) -> str | None:
+    """A field a fact of that kind never has (`instance.idd`): it would fail every tick."""
+    from controller.core.facts import FIELDS
+
+    for node in ast.find_all(nodes.Getattr):
+        if isinstance(node.node, nodes.Name) and node.node.name in FIELDS:
+            kind = node.node.name
+            if node.attr not in FIELDS[kind]:
+                known = ", ".join(sorted(FIELDS[kind]))
+                return (
+                    f"unknown field {node.attr[:40]!r} for {kind} facts (expected one of {known})"
+                )
+    return None
 
 
 def static_problem(ast: nodes.Template) -> str | None:

@@ -358,9 +358,9 @@ def test_many_problems_are_listed_up_to_a_cap() -> None:
 
 
 def test_an_evaluation_error_message_is_capped() -> None:
-    src = "{{ instance.n / 0 }}" + " " * 1975  # under the 2,000 characters an expression may have
+    src = "{{ instance.num_gpus / 0 }}" + " " * 1968  # under the 2,000 an expression may have
     with pytest.raises(ExprError) as caught:
-        compile_expr(src).evaluate({"instance": {"n": 1}})
+        compile_expr(src).evaluate({"instance": {"num_gpus": 1}})
     message = str(caught.value)
     assert len(message) == CAP and message.endswith("…")
-    assert message.startswith("'{{ instance.n / 0 }}")
+    assert message.startswith("'{{ instance.num_gpus / 0 }}")
