@@ -182,3 +182,18 @@ def record_action(j: Any, now: float, action: str = "reboot", target: str = "ins
     fields.update(kw)
     row: int = j.actions.record(**fields)
     return row
+
+
+@contextmanager
+def served(app: Any, journal: Journal) -> Iterator[str]:
+    """`app` on a loopback port, for as long as the block runs: its base URL. On the way out
+    the server stops and `journal` closes."""
+    from controller.service.api import Server
+
+    server = Server(app, "127.0.0.1", 0)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{server.port}"
+    finally:
+        server.stop()
+        journal.close()

@@ -108,24 +108,16 @@ def test_an_installed_copy_checks_and_ticks_on_its_own_rules(wheel: Path, tmp_pa
     )
     assert where.stdout.startswith(str(target)), where.stdout  # the copy, not the source tree
     script = target / "bin" / "fleetgate"
-    check = subprocess.run(
-        [sys.executable, str(script), "check"],
-        cwd=elsewhere,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+
+    def installed(*args: str) -> subprocess.CompletedProcess[str]:
+        """The installed `fleetgate`, run outside the source tree."""
+        return subprocess.run([sys.executable, str(script), *args], cwd=elsewhere, env=env,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+
+    check = installed("check")
     assert check.returncode == 0, check.stderr[-3000:]
     n = len(list((ROOT / "rules").glob("*.yaml")))
     assert f"in {n} file(s)" in check.stdout
-    tick = subprocess.run(
-        [sys.executable, str(script), "--state", "s", "tick"],
-        cwd=elsewhere,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    tick = installed("--state", "s", "tick")
     assert tick.returncode == 0, tick.stderr[-3000:]
     assert (elsewhere / "s" / "journal.db").is_file()

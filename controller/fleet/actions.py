@@ -88,23 +88,22 @@ class FleetActions:
                                      self.command_deadline_s)  # fmt: skip
 
     def drain(self, instance_id: str) -> None:
-        record = self.lifecycle.resolve(instance_id)
-        if record is None or not record.host_and_port:
-            raise PermanentProviderError(f"instance {instance_id!r} has no known Curio node")
-        try:
-            self.curio.drain(record.host_and_port)
-        except SensorError as exc:  # not allowed by the config, or Curio unreachable
-            raise PermanentProviderError(f"cannot drain instance {instance_id!r}: {exc}") from exc
+        """Set `unschedulable` on the instance's own Curio node: it takes no new tasks."""
+        self._cordon(instance_id, True)
 
     def undrain(self, instance_id: str) -> None:
         """Clear `unschedulable` on the instance's own Curio node: it takes tasks again."""
+        self._cordon(instance_id, False)
+
+    def _cordon(self, instance_id: str, drained: bool) -> None:
         record = self.lifecycle.resolve(instance_id)
         if record is None or not record.host_and_port:
             raise PermanentProviderError(f"instance {instance_id!r} has no known Curio node")
+        verb = "drain" if drained else "undrain"
         try:
-            self.curio.undrain(record.host_and_port)
+            (self.curio.drain if drained else self.curio.undrain)(record.host_and_port)
         except SensorError as exc:  # not allowed, no such node, or Curio unreachable
-            raise PermanentProviderError(f"cannot undrain instance {instance_id!r}: {exc}") from exc
+            raise PermanentProviderError(f"cannot {verb} instance {instance_id!r}: {exc}") from exc
 
     def gone(self, instance_id: str) -> None:
         """The controller saw this instance vanish from vast: drop what its agent reported."""

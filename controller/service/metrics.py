@@ -72,6 +72,14 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
+def _labelled(family: GaugeMetricFamily | CounterMetricFamily,
+              counts: Counter[Any]) -> GaugeMetricFamily | CounterMetricFamily:  # fmt: skip
+    """`family` with one sample per label tuple in `counts`, in order."""
+    for key, n in sorted(counts.items()):
+        family.add_metric(key if isinstance(key, tuple) else (key,), n)
+    return family
+
+
 def _histogram(name: str, doc: str, buckets: Sequence[float], count_le: Sequence[int],
                count: int, total: float) -> HistogramMetricFamily:  # fmt: skip
     les = [str(floatToGoString(b)) for b in buckets]  # type: ignore[no-untyped-call]
@@ -135,12 +143,10 @@ class JournalCollector(Collector):
             key = (name_label(r["action"]), name_label(r["status"]),
                    proposer_class(r["proposer"]))  # fmt: skip
             counts[key] += int(r["n"])
-        family = CounterMetricFamily("fleetgate_actions", "Actions in the journal by kind, "
-                                     "status and proposer class.",
-                                     labels=("action", "status", "proposer"))  # fmt: skip
-        for key, n in sorted(counts.items()):
-            family.add_metric(key, n)
-        yield family
+        yield _labelled(CounterMetricFamily("fleetgate_actions", "Actions in the journal by "
+                                            "kind, status and proposer class.",
+                                            labels=("action", "status", "proposer")),
+                        counts)  # fmt: skip
 
     # ---- escalations -----------------------------------------------------------------------
     def _escalations(self) -> Iterator[Metric]:
@@ -149,11 +155,9 @@ class JournalCollector(Collector):
         counts: Counter[tuple[str, str]] = Counter()
         for r in rows:
             counts[(name_label(r["kind"]), name_label(r["status"]))] += int(r["n"])
-        family = GaugeMetricFamily("fleetgate_escalations", "Escalations in the journal by kind "
-                                   "and status.", labels=("kind", "status"))  # fmt: skip
-        for key, n in sorted(counts.items()):
-            family.add_metric(key, n)
-        yield family
+        yield _labelled(GaugeMetricFamily("fleetgate_escalations", "Escalations in the journal "
+                                          "by kind and status.", labels=("kind", "status")),
+                        counts)  # fmt: skip
         oldest = self._query("SELECT MIN(created_at) AS t FROM escalations "
                              "WHERE status = 'pending'")[0]["t"]  # fmt: skip
         if oldest is not None:
@@ -168,11 +172,8 @@ class JournalCollector(Collector):
         calls: Counter[str] = Counter()
         for r in rows:
             calls[name_label(r["status"])] += int(r["n"])
-        family = CounterMetricFamily("fleetgate_llm_calls", "LLM calls by status.",
-                                     labels=("status",))  # fmt: skip
-        for status, n in sorted(calls.items()):
-            family.add_metric((status,), n)
-        yield family
+        yield _labelled(CounterMetricFamily("fleetgate_llm_calls", "LLM calls by status.",
+                                            labels=("status",)), calls)  # fmt: skip
         yield CounterMetricFamily("fleetgate_llm_tokens", "Tokens the LLM calls used.",
                                   value=sum(int(r["tokens"]) for r in rows))  # fmt: skip
         secs = "(latency_ms / 1000.0)"
@@ -188,11 +189,9 @@ class JournalCollector(Collector):
     def _fleet(self) -> Iterator[Metric]:
         tracks = self.journal.fleet.tracks().values()
         counts = Counter((name_label(t.stage), name_label(t.status)) for t in tracks)
-        family = GaugeMetricFamily("fleetgate_instances", "Tracked instances by stage and "
-                                   "status.", labels=("stage", "status"))  # fmt: skip
-        for key, n in sorted(counts.items()):
-            family.add_metric(key, n)
-        yield family
+        yield _labelled(GaugeMetricFamily("fleetgate_instances", "Tracked instances by stage "
+                                          "and status.", labels=("stage", "status")),
+                        counts)  # fmt: skip
         last = self._query("SELECT summary FROM ticks WHERE finished_at IS NOT NULL "
                            "ORDER BY id DESC LIMIT 1")  # fmt: skip
         summary = loads(last[0]["summary"], {}) if last else {}

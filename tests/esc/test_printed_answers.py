@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 import requests
 from pydantic import SecretStr
+from support import served
 
-from controller.service.api import Server, create_app
+from controller.service.api import create_app
 from controller.store.journal import Journal
 from escalation import approvals
 from escalation.notify import Notifier
@@ -31,13 +32,8 @@ HOLD = {"action": "hold", "params": {}}
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[tuple[str, Journal]]:
     journal = Journal(tmp_path / "j.db")
-    server = Server(create_app(journal, SecretStr(TOKEN), clock=lambda: 500.0), "127.0.0.1", 0)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{server.port}", journal
-    finally:
-        server.stop()
-        journal.close()
+    with served(create_app(journal, SecretStr(TOKEN), clock=lambda: 500.0), journal) as base:
+        yield base, journal
 
 
 def raise_one(j: Journal) -> int:

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 import requests
 from pydantic import SecretStr
+from support import served
 
-from controller.service.api import Server, create_app
+from controller.service.api import create_app
 from controller.store.journal import Journal
 from escalation import approvals
 from escalation.capabilities import answer_capability
@@ -38,13 +39,8 @@ HOLD = {"action": "hold", "params": {}}
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[tuple[str, Journal]]:
     journal = Journal(tmp_path / "j.db")
-    server = Server(create_app(journal, TOKEN, clock=lambda: NOW), "127.0.0.1", 0)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{server.port}", journal
-    finally:
-        server.stop()
-        journal.close()
+    with served(create_app(journal, TOKEN, clock=lambda: NOW), journal) as base:
+        yield base, journal
 
 
 def escalate(j: Journal, proposals: list[dict[str, Any]] | None = None) -> int:

@@ -25,8 +25,9 @@ import pytest
 import requests
 import yaml
 from pydantic import SecretStr
+from support import served
 
-from controller.service.api import Server, create_app
+from controller.service.api import create_app
 from controller.service.assemble import assemble
 from controller.service.config import Config, parse_config
 from controller.store.journal import Journal
@@ -185,13 +186,8 @@ def api(tmp_path: Path) -> Iterator[tuple[str, Journal]]:
     from controller.fleet.instance_api import instance_router
 
     app.include_router(instance_router(store, SecretStr(FLEET), lambda: 500.0))
-    server = Server(app, "127.0.0.1", 0)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{server.port}", journal
-    finally:
-        server.stop()
-        journal.close()
+    with served(app, journal) as base:
+        yield base, journal
 
 
 def auth(token: str = TOKEN) -> dict[str, str]:
