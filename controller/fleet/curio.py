@@ -1,8 +1,10 @@
 """The Curio demand sensor: the proving queue read from Curio's database (DOMAIN.md).
 
-Reads `harmony_task` (pending = `owner_id IS NULL`, running = `owner_id` set) and
-`harmony_machines`; writes only `harmony_machines.unschedulable` (drain/undrain), and only when
-the config allows it. Every age is computed by the database clock, never this machine's.
+Reads `harmony_task` (pending = `owner_id IS NULL`, running = `owner_id` set),
+`harmony_machines`, and `harmony_task_history` (the recent successful runs per node: how fast
+each node proves, as Curio timed it, not as the instance claims); writes only
+`harmony_machines.unschedulable` (drain/undrain), and only when the config allows it. Every age
+is computed by the database clock, never this machine's.
 
 Must not: string-format SQL (schema names go through `psycopg.sql.Identifier`, values are
 parameters), keep a connection between calls, decide anything, or put the DSN or its password
@@ -60,6 +62,17 @@ class CurioSettings(BaseModel):
         "or takes for a fleet instance's node, whatever an instance claims",
     )
 
+    measure_window_s: float = Field(
+        6 * 3600.0, gt=0, le=7 * 86_400.0,
+        description="how far back harmony_task_history is read to time each node's tasks",
+    )  # fmt: skip
+    measure_max_rows: int = Field(
+        5000, ge=1, le=100_000, description="at most this many (node, task) rows per read"
+    )
+    measure_every_s: float = Field(
+        300.0, ge=0, description="read the task history at most this often (0: every tick)"
+    )
+
     @field_validator("protected_nodes", mode="before")
     @classmethod
     def _protected_list(cls, nodes: object) -> object:
@@ -107,6 +120,27 @@ class CurioMachine:
     stale: bool  # silent for at least heartbeat_stale_s
 
 
+@dataclass(frozen=True)
+class TaskTiming:
+    """One node's successful runs of one task in the measure window (`harmony_task_history`)."""
+
+    host_and_port: str  # completed_by_host_and_port
+    task: str
+    tasks: int
+    mean_s: float  # mean of work_end - work_start
+    covered_s: float  # of the node's working time, the seconds these runs cover (see _TIMINGS)
+
+
+@dataclass(frozen=True)
+class NodeRate:
+    """A node's measured proving rate over all its timed tasks (see `node_rates`)."""
+
+    host_and_port: str
+    tasks: int
+    busy_s: float  # the seconds the node was working on them (side by side counted once)
+    rate: float  # weighted tasks per hour of working time
+
+
 Connection = psycopg.Connection[tuple[Any, ...]]
 Connect = Callable[[CurioSettings], Connection]
 
@@ -151,6 +185,31 @@ SELECT count(*), extract(epoch FROM now() - max(last_contact))::float8
 FROM {schema}.harmony_machines
 """
 
+# The successful runs per node and task finished in the window, by the database clock (a run
+# that ended before it started, a node's clock stepping, is no measurement), and the seconds
+# of the node's working time each name's runs cover: runs in start order, each counting only
+# what it adds past the runs before it, so tasks run side by side are not counted twice and
+# idle time not at all. Curio indexes history by (work_end DESC, completed_by_host_and_port,
+# name, result): a range scan.
+_TIMINGS = """
+WITH runs AS (
+    SELECT completed_by_host_and_port AS node, name, work_start, work_end,
+           max(work_end) OVER (PARTITION BY completed_by_host_and_port
+                               ORDER BY work_start, work_end, id
+                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
+    FROM {schema}.harmony_task_history
+    WHERE work_end >= now() - make_interval(secs => %s) AND result
+      AND work_end > work_start AND name = ANY(%s)
+)
+SELECT node, name, count(*), avg(extract(epoch FROM work_end - work_start))::float8,
+       sum(greatest(0, extract(epoch FROM
+           work_end - greatest(work_start, coalesce(reach, work_start)))))::float8
+FROM runs
+GROUP BY node, name
+ORDER BY node, name
+LIMIT %s
+"""
+
 _SET_UNSCHEDULABLE = "UPDATE {schema}.harmony_machines SET unschedulable = %s WHERE {match}"
 # A protected node is matched by id or by host_and_port, in the same statement that writes:
 # asking for one by the other's name changes nothing either.
@@ -192,6 +251,17 @@ class CurioDemand:
             CurioMachine(int(i), str(hp), float(age), bool(u), int(n), stale=age >= stale_s)
             for i, hp, age, u, n in rows
         ]
+
+    def task_timings(self) -> list[TaskTiming]:
+        """Each node's successful runs per configured task in the last `measure_window_s`
+        (at most `measure_max_rows` rows): how many, and their mean duration."""
+        s = self.settings
+        params = [s.measure_window_s, list(s.tasks), s.measure_max_rows]
+        with self._transaction("task history query", read_only=True) as cur:
+            rows = cur.execute(self._sql(_TIMINGS), params).fetchall()
+        return [TaskTiming(str(hp), str(name), int(n), float(mean), float(covered))
+                for hp, name, n, mean, covered in rows
+                if hp and mean is not None and covered is not None]  # fmt: skip
 
     def drain(self, machine: int | str) -> int:
         """Set `unschedulable` on a machine (by id, or by host_and_port); returns rows matched."""
@@ -318,6 +388,30 @@ def summarize(weights: dict[str, float], rows: list[tuple[Any, ...]]) -> list[De
         max_retries=max(d.max_retries for d in per_task),
     )
     return [*per_task, total]
+
+
+def node_rates(weights: dict[str, float], timings: list[TaskTiming]) -> dict[str, NodeRate]:
+    """host_and_port -> its rate: the weighted tasks it finished per hour of working time.
+
+    Working time is when the node ran at least one of these tasks (idle time is no evidence of
+    speed; tasks run side by side count once), so the rate is the node's throughput under
+    load, comparable to a benchmark's proofs/hour. Tasks are weighted as in demand (how much
+    proving capacity one needs), so a node that ran only light tasks is not ranked as fast as
+    one that ran heavy ones in the same time; names not in `weights` are ignored."""
+    work: dict[str, list[float]] = {}  # host -> [tasks, weighted tasks, working seconds]
+    for t in timings:
+        weight = weights.get(t.task)
+        if weight is None or t.tasks <= 0 or not math.isfinite(t.covered_s):
+            continue
+        acc = work.setdefault(t.host_and_port, [0.0, 0.0, 0.0])
+        acc[0] += t.tasks
+        acc[1] += weight * t.tasks
+        acc[2] += max(0.0, t.covered_s)
+    return {
+        host: NodeRate(host, int(n), busy, 3600.0 * weighted / busy)
+        for host, (n, weighted, busy) in sorted(work.items())
+        if busy > 0
+    }
 
 
 _CEIL_EPSILON = 1e-6  # float noise in a weighted sum, far below any weight's share

@@ -35,6 +35,9 @@ CREATE TABLE harmony_task (
     retries bigint NOT NULL DEFAULT 0
 );
 
+-- One row per finished run, written by the node that ran it (Curio's 20230719-harmony.sql,
+-- completed_by_host_and_port from 20231113, timestamptz since 20240522); work_start and
+-- work_end are that node's clock. fleetgate reads the successful runs to time each node.
 CREATE TABLE harmony_task_history (
     id serial PRIMARY KEY,
     task_id integer NOT NULL,
@@ -43,6 +46,10 @@ CREATE TABLE harmony_task_history (
     work_start timestamptz NOT NULL,
     work_end timestamptz NOT NULL,
     result boolean NOT NULL,
-    err text,
+    err varchar,
     completed_by_host_and_port varchar(300) NOT NULL
 );
+
+-- Curio's index for recent history per node (20240420-web-task-indexes.sql)
+CREATE INDEX harmony_task_history_work_index
+    ON harmony_task_history (work_end DESC, completed_by_host_and_port ASC, name ASC, result ASC);

@@ -5,7 +5,9 @@ reported (lifecycle), whether cuzk answers (health) and what Curio says of their
 (it reads and never acts: what the controller does to the fleet is `controller.fleet.actions`):
 
 - list: vast listing (a failed or implausibly empty one raises: never "zero instances"),
-  lifecycle records, daemon health for instances past registration, Curio machines;
+  lifecycle records, daemon health for instances past registration, Curio machines; and, at
+  most every `measure_every_s`, Curio's task history, timed per host as `measured` (a host is
+  timed only through a node verified as its instance's);
 - restart_daemon: a command queued for the instance's agent (pulled on its next heartbeat);
   one not picked up in time shows as the instance's `command_overdue_s` (a shipped rule reboots
   it through vast, and the reboot closes the command);
@@ -20,8 +22,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, is_dataclass, replace
 from typing import Any, Protocol, cast
 
+from controller.core.gpu_rates import max_plausible
 from controller.core.model import Instance
+from controller.core.track import Measured
 from controller.fleet.base import SensorError
+from controller.fleet.curio import NodeRate, node_rates
 from controller.store.records import LifecycleError
 
 log = logging.getLogger(__name__)
@@ -109,6 +114,25 @@ def find_node(inst_ip: str, record: Record | None, by_node: Mapping[str, Machine
     return on_host[0] if len(on_host) == 1 else None
 
 
+def measure(own: Sequence[Instance], links: Mapping[str, Link],
+            rates: Mapping[str, NodeRate], now: float) -> dict[str, Measured]:  # fmt: skip
+    """machine id -> its node's measured rate, for each own instance linked to a timed node.
+
+    A node is an instance's only as `find_node` verified it (its host is the instance's public
+    address), so an instance cannot take another node's times; a rate beyond what its GPUs
+    can plausibly do (a node whose clock lies) is held to that bound."""
+    out = {}
+    for inst in own:
+        node = links[inst.id].node if inst.id in links else None
+        timed = rates.get(node.host_and_port) if node is not None else None
+        if timed is None:
+            continue
+        rate = min(timed.rate, max_plausible(inst.gpu_name, inst.num_gpus))
+        out[inst.machine_id] = Measured(inst.machine_id, timed.host_and_port, inst.id,
+                                        timed.tasks, timed.busy_s, rate, now)  # fmt: skip
+    return out
+
+
 def enrich(listed: Sequence[Instance], links: Mapping[str, Link], health: Mapping[str, Health],
            sidecar_stale_s: float) -> list[Instance]:  # fmt: skip
     """One Instance per listed instance, with stage, daemon, sidecar, tasks and drain state.
@@ -167,6 +191,8 @@ class RealFleet:
         self.foreign: list[Instance] = []
         self._last: dict[str, Instance] = {}
         self.learned: dict[str, tuple[str, str, str | None]] = {}  # label -> link to write
+        self.measured: dict[str, Measured] = {}  # machine id -> as Curio last timed it
+        self._measured_at: float | None = None
 
     def list_instances(self) -> list[Instance]:
         listed = self.vast.list_instances()  # it knows when an empty listing is implausible
@@ -182,10 +208,29 @@ class RealFleet:
         past_registration = [i for i in own
                              if stage_of(i, links[i.id].record)
                              in ("bench", "running")]  # fmt: skip
+        self._measure(own, links)
         health = self.check_health(past_registration)  # as probed: the tick debounces it
         fleet = self._overdue(enrich(own, links, health, self.sidecar_stale_s), links)
         self._last = {i.id: i for i in fleet}
         return fleet
+
+    def _measure(self, own: Sequence[Instance], links: Mapping[str, Link]) -> None:
+        """Time the own instances' nodes from Curio's task history (`measured`), at most every
+        `measure_every_s`; a failed read keeps the last reading and fails nothing else."""
+        settings = getattr(self.curio, "settings", None)
+        read = getattr(self.curio, "task_timings", None)
+        if settings is None or read is None:
+            return
+        now = self.clock()
+        if self._measured_at is not None and now - self._measured_at < settings.measure_every_s:
+            return
+        try:
+            timings = read()
+        except SensorError as exc:
+            log.warning("Curio task history unread (host rates as last measured): %s", exc)
+            return
+        self._measured_at = now
+        self.measured = measure(own, links, node_rates(settings.tasks, timings), now)
 
     def _overdue(self, fleet: list[Instance], links: Mapping[str, Link]) -> list[Instance]:
         """Each instance's oldest agent command past its deadline, as `command_overdue_s`."""

@@ -11,6 +11,10 @@ tables would hold (addresses from `controller.sim.addresses`):
                       tasks), then each live instance whose sidecar has been up and was last
                       seen at most curio_machine_timeout_s ago (Curio deletes silent machines):
                       last_contact = its sidecar_seen_at, unschedulable = its drained flag
+    harmony_task_history  the world's `completed` runs (all successful), each by the node of
+                      the instance that ran it; work_start/work_end are claim and finish
+                      times. Durations come from the demand (trace or synthetic) scaled by
+                      the instance's bench rate, so here the measured rate follows that rate
 
 A query is recognised by its exact text, compared with the sensor's own templates rendered for
 the settings' schema; any other query raises `UnknownQuery`, so a new sensor query cannot get
@@ -37,6 +41,7 @@ from controller.fleet.curio import (
     _LIVENESS,
     _MACHINES,
     _SET_UNSCHEDULABLE,
+    _TIMINGS,
     Connection,
     CurioSettings,
 )
@@ -50,7 +55,9 @@ if TYPE_CHECKING:
 
 Row = tuple[Any, ...]
 TaskRow = tuple[str, int | None, float, int]  # name, owner_id, posted_time, retries
-Kind = Literal["timeout", "demand", "machines", "liveness", "set id", "set host_and_port"]
+Kind = Literal[
+    "timeout", "demand", "machines", "liveness", "timings", "set id", "set host_and_port"
+]
 
 # CurioDemand._transaction sends this one as plain text, not from a template
 _TIMEOUT = "SELECT set_config('statement_timeout', %s, true)"
@@ -150,6 +157,9 @@ class SimCurio:
             rows = self._machine_counts()
         elif kind == "liveness":
             rows = [self._liveness()]
+        elif kind == "timings":
+            window_s, names, limit = _args(args, 3)
+            rows = self._timings(float(window_s), names, int(limit))
         else:
             if read_only:
                 raise psycopg.errors.ReadOnlySqlTransaction("UPDATE in a read-only transaction")
@@ -197,6 +207,30 @@ class SimCurio:
         if not operators and not seen:
             return (0, None)
         return (operators + len(seen), now - (now if operators else max(seen)))
+
+    def _timings(self, window_s: float, names: Sequence[str], limit: int) -> list[Row]:
+        """_TIMINGS: per node and wanted name, the runs finished in the window, their mean
+        seconds and the node's working seconds they cover (each run past the ones before)."""
+        since, wanted = self._now() - window_s, set(names)
+        by_node: dict[str, list[tuple[float, float, int, str]]] = {}
+        for done in self._world.completed:
+            if done.work_end < since or done.name not in wanted or done.work_end <= done.work_start:
+                continue
+            node = _node(done.instance_id, done.machine_id)
+            by_node.setdefault(node, []).append(
+                (done.work_start, done.work_end, done.task_id, done.name)
+            )
+        acc: dict[tuple[str, str], list[float]] = {}  # -> [runs, seconds, covered]
+        for node, runs in by_node.items():
+            reach: float | None = None
+            for start, end, _, name in sorted(runs):
+                a = acc.setdefault((node, name), [0, 0.0, 0.0])
+                a[0] += 1
+                a[1] += end - start
+                a[2] += max(0.0, end - max(start, start if reach is None else reach))
+                reach = end if reach is None else max(reach, end)
+        return [(node, name, int(n), total / n, covered)
+                for (node, name), (n, total, covered) in sorted(acc.items())][:limit]  # fmt: skip
 
     def _set_unschedulable(self, column: str, key: object, value: bool) -> int:
         """_SET_UNSCHEDULABLE on the listed machines matching `column = key`; rows matched."""
@@ -252,6 +286,7 @@ def _known(schema: str) -> dict[str, Kind]:
         render(_DEMAND): "demand",
         render(_MACHINES): "machines",
         render(_LIVENESS): "liveness",
+        render(_TIMINGS): "timings",
     }
     for column in ("id", "host_and_port"):
         match = sql.SQL("{} = %s").format(sql.Identifier(column))

@@ -29,6 +29,7 @@ class Task:
     owner: str | None = None
     retries: int = 0
     first_claimed_at: float | None = None
+    claimed_at: float | None = None  # by its current owner (Curio's work_start)
     done_at: float | None = None  # None while pending or while its node is stalled
 
     def to_json(self) -> dict[str, Any]:
@@ -85,7 +86,7 @@ class TaskQueue:
             return None
         _, task_id = heapq.heappop(self._pending)
         task = self._tasks[task_id]
-        task.owner = owner
+        task.owner, task.claimed_at = owner, now
         task.done_at = now + service_s_of(task)
         if task.first_claimed_at is None:
             task.first_claimed_at = now
@@ -110,7 +111,7 @@ class TaskQueue:
         ids = sorted(self._owned.pop(owner, set()))
         for task_id in ids:
             task = self._tasks[task_id]
-            task.owner, task.done_at = None, None
+            task.owner, task.done_at, task.claimed_at = None, None, None
             task.retries += 1
             self._index(task)
         return len(ids)

@@ -2,7 +2,8 @@
 
 `step(t)` moves the world to time `t` (one short sub-step), in this order:
 
-1. tasks whose service ended by `t` complete (their queue wait is recorded);
+1. tasks whose service ended by `t` complete (their queue wait is recorded, and the run kept
+   in `completed`, Curio's task history, bounded by `COMPLETED_KEEP` and `COMPLETED_KEEP_S`);
 2. each live instance, by id, applies its scheduled events due by `t`, at their own times
    (lifecycle stages, daemon deaths and restarts, reboots, exits, freezes, task releases);
    then each instance whose sidecar is up is seen at `t` (its Curio node's last_contact);
@@ -17,8 +18,9 @@ from __future__ import annotations
 
 import logging
 import random
+from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from controller.core.model import Demand
 from controller.fleet.base import PermanentProviderError
@@ -36,6 +38,20 @@ from controller.sim.trace import TraceTask, load_trace
 log = logging.getLogger(__name__)
 
 FIRST_INSTANCE_ID = 10001
+COMPLETED_KEEP = 2000  # finished runs kept for Curio's task history (saved with the world)
+COMPLETED_KEEP_S = 6 * 3600.0  # ...and only this recent
+
+
+class Completed(NamedTuple):
+    """One successful run, as Curio's `harmony_task_history` holds it (times virtual)."""
+
+    task_id: int
+    name: str
+    posted: float
+    work_start: float
+    work_end: float
+    instance_id: str  # its node's instance (the node's host_and_port is derived from it)
+    machine_id: str
 
 
 class World:
@@ -56,6 +72,9 @@ class World:
         # operator Curio nodes (1-based, see sim.addresses) marked unschedulable
         self.drained_operators: set[int] = set(state.get("drained_operators", []))
         self.counters = Stats.from_json(state["stats"])
+        self.completed: deque[Completed] = deque(
+            (Completed(*c) for c in state.get("completed", [])), maxlen=COMPLETED_KEEP
+        )
         self.account = Account.from_json(state.get("account"))  # vast-only: foreign, labels
         self._trace: list[TraceTask] = self._load_trace()
 
@@ -95,6 +114,7 @@ class World:
             "stats": self.counters.to_json(),
             "next_odd_at": self._next_odd_at,
             "drained_operators": sorted(self.drained_operators),
+            "completed": [list(c) for c in self.completed],
             "account": self.account.to_json(),
         }
 
@@ -124,6 +144,13 @@ class World:
             self.counters.tasks_completed += 1
             if task.first_claimed_at is not None:
                 self.counters.waits.append(task.first_claimed_at - task.posted)
+            inst = self._instances.get(task.owner or "")
+            start, end = task.claimed_at, task.done_at
+            if inst is not None and start is not None and end is not None:
+                self.completed.append(Completed(task.id, task.name, task.posted, start, end,
+                                                inst.id, inst.machine_id))  # fmt: skip
+        while self.completed and self.completed[0].work_end < t - COMPLETED_KEEP_S:
+            self.completed.popleft()
 
     def _run_events(self, inst: SimInstance, t: float) -> None:
         machine = self.machines[inst.machine_id]

@@ -1,6 +1,7 @@
 """Claims an instance makes are checked against what it cannot forge: the operator's protected
-Curio nodes are never an instance's node, and a benchmark rate implausible for the GPU model is
-never stored as the host's rate (journaled for the operator instead)."""
+Curio nodes are never an instance's node, a benchmark rate implausible for the GPU model is
+never stored as the host's rate (journaled for the operator instead), and a host Curio timed is
+ranked by that measurement, not by its instance's claim."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ from fakes.curio_db import CurioDB
 
 from controller.core.gpu_rates import GLOBAL_MAX_RATE, max_plausible
 from controller.core.model import Instance
-from controller.core.track import _first
-from controller.fleet.base import SensorError
+from controller.core.track import _first, advance
+from controller.fleet.base import LaunchRequest, SensorError
 from controller.fleet.curio import CurioDemand, CurioSettings
 from controller.fleet.observe import RealFleet
+from controller.fleet.vast_offers import rank_offers
+from controller.service.gather import gather
 from controller.store.journal import Journal
 
 DSN = os.environ.get("FLEETGATE_TEST_PG_DSN", "host=127.0.0.1 port=5432 dbname=test user=postgres")
@@ -40,7 +43,7 @@ def db() -> Iterator[CurioDB]:
 def curio(db: CurioDB, protected: list[str]) -> CurioDemand:
     settings = CurioSettings.model_validate(
         {"dsn": DSN, "schema_name": db.schema, "allow_drain": True,
-         "protected_nodes": protected}, strict=False)  # fmt: skip
+         "protected_nodes": protected, "measure_every_s": 0}, strict=False)  # fmt: skip
     return CurioDemand(settings)
 
 
@@ -136,5 +139,64 @@ def test_an_implausible_bench_rate_is_refused_journaled_and_not_ranked(tmp_path:
         assert "m-liar" not in hist.launch_rates()
         refused = [e for e in journal.fleet.events("2") if e["kind"] == "bench_refused"]
         assert len(refused) == 1
+    finally:
+        journal.close()
+
+
+class TwoHosts:
+    """vast's listing of two RTX 4090 instances, each on its own public address."""
+
+    ips = {"5001": "10.4.0.1", "5002": "10.4.0.2"}
+    last_raw = {iid: {"public_ipaddr": ip} for iid, ip in ips.items()}
+
+    def list_instances(self) -> list[Instance]:
+        return [Instance(iid, f"fg-{iid}", f"m-{iid}", "h", "running", "loading", "unknown",
+                         "unknown", gpu_name="RTX 4090") for iid in self.ips]  # fmt: skip
+
+
+class TwoClaims:
+    def __init__(self, rates: dict[str, float]) -> None:
+        self.rates = rates
+
+    def records(self) -> dict[str, Claim]:
+        return {f"fg-{iid}": Claim(f"fg-{iid}", "running", rate, f"{TwoHosts.ips[iid]}:12300",
+                                   vast_id=iid) for iid, rate in self.rates.items()}  # fmt: skip
+
+    def overdue_commands(self, now: float) -> list[Any]:
+        return []
+
+
+def test_a_self_reported_rate_does_not_rank_a_host_curio_timed_as_slow_first(
+    db: CurioDB, tmp_path: Path
+) -> None:
+    """5001 claims the most a 4090 is believed to do; Curio timed its node at 2 PoReps an hour
+    and 5002's (claiming far less) at 24: later launches rent 5002's host first."""
+    for ip in TwoHosts.ips.values():
+        db.add_machine(f"{ip}:12300")
+    history = psycopg.sql.SQL(
+        "INSERT INTO {}.harmony_task_history (task_id, name, posted, work_start, work_end, "
+        "result, completed_by_host_and_port) SELECT n, 'PoRep', now() - make_interval(secs => "
+        "(n + 1) * %s), now() - make_interval(secs => (n + 1) * %s), now() - make_interval("
+        "secs => n * %s), true, %s FROM generate_series(0, 5) AS n"
+    ).format(psycopg.sql.Identifier(db.schema))
+    db.conn.execute(history, [1800, 1800, 1800, "10.4.0.1:12300"])
+    db.conn.execute(history, [150, 150, 150, "10.4.0.2:12300"])
+    demand = curio(db, [])
+    fleet = RealFleet(vast=TwoHosts(), lifecycle=TwoClaims({"5001": max_plausible("RTX 4090"),
+                      "5002": 25.0}), curio=demand, check_health=lambda _: {},
+                      clock=lambda: 1000.0)  # fmt: skip
+    journal = Journal(tmp_path / "j.db")
+    try:
+        for now in (1000.0, 1060.0):
+            g = gather(journal, fleet, demand, now, pending_s=600)
+            journal.fleet.save_tracks(*advance(g.history, g.observation, now))
+        hist = g.history
+        assert hist.host_rates["m-5001"] > hist.host_rates["m-5002"]  # the claims, as stored
+        request = LaunchRequest("fg-x", prefer_rates=tuple(sorted(hist.launch_rates().items())))
+        offers = [{"id": 1, "machine_id": "m-5001", "dph_total": 0.4},
+                  {"id": 2, "machine_id": "m-5002", "dph_total": 0.4}]  # fmt: skip
+        assert [o["machine_id"] for o in rank_offers(offers, request, 1.0)] == ["m-5002", "m-5001"]
+        kinds = [e["kind"] for e in journal.fleet.events("5001")]
+        assert "measured" in kinds  # what Curio timed is in the journal
     finally:
         journal.close()
