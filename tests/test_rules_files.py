@@ -381,3 +381,87 @@ def test_mutated_shipped_rules_fail_cleanly(seed: int) -> None:
             assert p.path == path
             assert 1 <= p.line <= len(text.splitlines()) + 1, f"{p}\n---\n{text}"
             assert p.message.strip(), f"{p}\n---\n{text}"
+
+
+# -- conditions that can never match: warnings, not errors ------------------------------------
+
+NEVER = """\
+settings: {fast: 2000}
+rules:
+  - name: r
+    when:
+      instance: {COND}
+    then: {action: hold}
+    confidence: 0.9
+"""
+
+
+@pytest.mark.parametrize(
+    ("cond", "warning"),
+    [
+        (
+            "bench_rate: {gt: 1000}",
+            "field 'bench_rate': gt 1000 is outside what it takes (bench_rate is from 0 to 1000)",
+        ),
+        ("bench_rate: {gte: {setting: fast}}", "field 'bench_rate': gte 2000 is outside"),
+        ("age_s: {lt: 0}", "field 'age_s': lt 0 is outside what it takes (age_s is at least 0)"),
+        ("restarts_1h: {gt: 5, lt: 3}", "field 'restarts_1h': gt 5 and lt 3 exclude each other"),
+        (
+            "restarts_1h: {gt: 2, lt: 3}",
+            "gt 2 and lt 3 exclude each other (counts are whole numbers)",
+        ),
+        ("dph: {gte: 2, lte: 1.5}", "field 'dph': gte 2 and lte 1.5 exclude each other"),
+        ("restarts_1h: {gt: 3, eq: 2}", "field 'restarts_1h': eq 2 is outside what it may be"),
+        ("restarts_1h: 1.5", "field 'restarts_1h': eq 1.5 is outside what it may be"),
+        ("restarts_1h: {in: [-1, -2]}", "no value of in [-1, -2] is possible"),
+        ("restarts_1h: {eq: '3'}", "restarts_1h holds number, never text '3'"),
+        ("drained: 'no'", "field 'drained': drained holds bool, never text 'no'"),
+        ("label: {gt: 3}", "field 'label': gt compares numbers, and label holds text"),
+        ("label: {eq: a, neq: a}", "field 'label': eq and neq 'a' together"),
+        ("label: {eq: a, in: [b, c]}", "field 'label': eq 'a' is not among in ['b', 'c']"),
+        ("bench_rate: {exists: false, gt: 3}", "exists: false, yet gt needs the field"),
+    ],
+)
+def test_a_condition_that_can_never_match_is_a_warning_at_its_line(cond: str, warning: str) -> None:
+    book = load_texts([("rules/never.yaml", NEVER.replace("{COND}", "{" + cond + "}"))])
+    [only] = book.warnings
+    assert str(only).startswith("rules/never.yaml:5: rule 'r': field ")
+    assert warning in only.message
+    assert only.message.endswith(": the rule can never fire")
+    Engine(book)  # a warning, not an error: the rules load and run
+
+
+@pytest.mark.parametrize(
+    "cond",
+    [
+        "bench_rate: {gt: 999}", "bench_rate: {lte: 1000, gte: 1000}", "age_s: {lte: 0}",
+        "restarts_1h: {gt: 2, lte: 3}", "restarts_1h: {in: [-1, 2]}", "dph: {gt: 1, lt: 1.5}",
+        "drained: false", "label: {eq: a, neq: b}", "bench_rate: {exists: false}",
+        "host_rate: {gte: {setting: fast}, exists: true, lt: 3000}",
+    ],
+)  # fmt: skip
+def test_a_condition_that_can_match_gives_no_warning(cond: str) -> None:
+    text = NEVER.replace("{COND}", "{" + cond + "}").replace("fast: 2000", "fast: 10")
+    assert load_texts([("rules/never.yaml", text)]).warnings == ()
+
+
+def test_good_and_shipped_rules_give_no_warnings() -> None:
+    assert load_texts([(rel(p), read(p)) for p in GOOD]).warnings == ()
+    assert read_rulebook([SHIPPED]).warnings == ()
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_check_prints_warnings_and_passes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "never.yaml"
+    path.write_text(NEVER.replace("{COND}", "{bench_rate: {gt: 1000}, age_s: {lt: 0}}"))
+    assert cli.main(["--state", str(tmp_path / "s"), "check", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("ok: 1 rules in 1 file(s)")
+    assert err.splitlines() == [
+        f"warning: {path}:5: rule 'r': field 'bench_rate': gt 1000 is outside what it takes "
+        "(bench_rate is from 0 to 1000): the rule can never fire",
+        f"warning: {path}:5: rule 'r': field 'age_s': lt 0 is outside what it takes (age_s is "
+        "at least 0): the rule can never fire",
+    ]

@@ -268,8 +268,10 @@ WRONG: list[Any] = [
     ),
     pytest.param(
         {
-            "name": "wrong unmatched: a frozen instance expected matched",
-            "facts": [{"kind": "instance", "id": "i1", "status": "frozen"}],
+            "name": "wrong unmatched: a 10-minute reboot expected matched",
+            "facts": [
+                {"kind": "instance", "id": "i1", "status": "rebooting", "status_for_s": 600.0}
+            ],
             "expect": {"proposals": [], "unmatched": []},
             "problems": ["unmatched facts: expected [], got ['i1']"],
             "count": 1,
@@ -367,9 +369,10 @@ def test_a_test_file_outside_its_shape_is_an_error_at_its_line(tmp_path: Path) -
     assert not result.ok and result.name == "(file)"
     at = f"{path}:"
     assert result.problems == (
-        f"{at}6: expext: unknown key in a test (expected one of expect, facts, name)",
+        f"{at}6: expext: unknown key in a test (expected one of expect, facts, held_for, name, "
+        "settings)",
         f"{at}3: expect: missing (a test must expect something)",
-        f"{at}14: unmatchd: unknown key in expect (expected one of proposals, unmatched)",
+        f"{at}14: unmatchd: unknown key in expect (expected one of pending, proposals, unmatched)",
         f"{at}13: acton: unknown key in an expected proposal (expected one of action, params, "
         "rule)",
         f"{at}10: kind: 'instanse' is not a fact kind (one of instance, demand, fleet, sensor)",

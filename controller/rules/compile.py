@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from controller.core.matches import ABNORMAL, RULE
+from controller.rules.settings import resolve
 
 if TYPE_CHECKING:
     from controller.rules.model import Rule
@@ -29,20 +30,21 @@ _OPS = {"gt": "$gt", "gte": "$gte", "lt": "$lt", "lte": "$lte", "neq": "$neq"}
 _NEG = {"gt": "$lte", "gte": "$lt", "lt": "$gte", "lte": "$gt", "eq": "$neq", "neq": None}
 
 
-def _ref(value: Any) -> Any:
+def _ref(value: Any, settings: Mapping[str, Any]) -> Any:
+    """A reference as durable_rules writes one; a setting's value in place of its name."""
     if isinstance(value, dict) and set(value) == {"ref"}:
         kind, _, fld = str(value["ref"]).partition(".")
         return {kind: fld}
-    return value
+    return resolve(value, settings)
 
 
-def _field(fld: str, cond: Any) -> list[dict[str, Any]]:
+def _field(fld: str, cond: Any, settings: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Conditions on one field; a plain value means equality."""
     if not isinstance(cond, dict):
         return [{fld: cond}]
     out: list[dict[str, Any]] = []
     for op, value in cond.items():
-        value = _ref(value)
+        value = _ref(value, settings)
         if op == "eq":
             out.append({fld: value} if not isinstance(value, dict) else {"$eq": {fld: value}})
         elif op in _OPS:
@@ -56,10 +58,12 @@ def _field(fld: str, cond: Any) -> list[dict[str, Any]]:
     return out
 
 
-def pattern(kind: str, pat: Mapping[str, Any] | None) -> dict[str, Any]:
+def pattern(
+    kind: str, pat: Mapping[str, Any] | None, settings: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     conds: list[dict[str, Any]] = [{"kind": kind}]
     for fld, cond in (pat or {}).items():
-        conds += _field(fld, cond)
+        conds += _field(fld, cond, settings or {})
     return {"$and": conds}
 
 
@@ -97,9 +101,12 @@ def abnormal(kind: str, patterns: Sequence[Mapping[str, Any]]) -> dict[str, Any]
 
 
 def definition(
-    rules: Sequence[Rule], normal: Mapping[str, Sequence[Mapping[str, Any]]]
+    rules: Sequence[Rule],
+    normal: Mapping[str, Sequence[Mapping[str, Any]]],
+    settings: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The whole ruleset, keyed as the module docstring says."""
+    """The whole ruleset, keyed as the module docstring says; a condition naming a setting
+    compares with its value in `settings` (checked to exist and fit by then)."""
     from controller.core.facts import FIELDS
 
     out: dict[str, Any] = {
@@ -112,6 +119,6 @@ def definition(
             out[ABNORMAL + kind] = {"all": [{"m": cond}]}
     for rule in rules:
         out[RULE + rule.name] = {
-            "all": [{kind: pattern(kind, pat)} for kind, pat in rule.when.items()]
+            "all": [{kind: pattern(kind, pat, settings)} for kind, pat in rule.when.items()]
         }
     return out

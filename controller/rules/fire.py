@@ -23,12 +23,13 @@ def proposals_from(
     """Step 1: one proposal per rule firing."""
     out: list[Proposal] = []
     doubts: list[Doubt] = []
+    values = {**settings.values, **book.settings}  # the rules files' (the config's over them)
     for m in matches:
         if m.rule is None:
             continue
         rule = book.rule(m.rule)
         bound = {alias: facts[fid] for alias, fid in m.facts.items() if fid in facts}
-        context = dict(bound, settings=settings.values, now=now)
+        context = dict(bound, settings=values, now=now)
         try:
             raw = {k: e.evaluate(context) for k, e in rule.params.items()}
             params = actions.validate(rule.action, raw)

@@ -66,6 +66,7 @@ class Rule:
     priority: int
     path: str
     line: int
+    for_s: float | None = None  # `for:`: the condition must have held this long to fire
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -79,6 +80,8 @@ class Rulebook:
     paths: tuple[str, ...] = ()
     digest: str = ""
     definition: dict[str, Any] = field(default_factory=dict)  # durable_rules, without `run`
+    settings: dict[str, Any] = field(default_factory=dict)  # the files' settings, overridden
+    warnings: tuple[Problem, ...] = ()  # conditions that can never match (`check` shows them)
 
     def rule(self, name: str) -> Rule:
         return next(r for r in self.rules if r.name == name)

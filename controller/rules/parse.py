@@ -1,9 +1,10 @@
 """One rules file's text read into normal patterns, rules and problems.
 
 `parse` loads the YAML (aliases capped, every mapping knowing its keys' lines), checks the
-top-level keys, each rule's keys, name, `when` (through `patterns`), `confidence`, `priority`
-and `then` (the action and its parameters, literals checked against the action's schema now,
-not at run time), and each `normal` pattern. It never stops at the first problem: every one
+top-level keys, the file's `settings` (`controller.rules.settings`), each rule's keys, name,
+`when` (through `patterns`), `for` (a duration), `confidence`, `priority` and `then` (the
+action and its parameters, literals checked against the action's schema now, not at run
+time), and each `normal` pattern. It never stops at the first problem: every one
 found is returned, each with the line it is about.
 
 Pure: reads the text it is given (the caller reads files).
@@ -13,43 +14,56 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from pydantic import TypeAdapter, ValidationError
 
 from controller.core import actions
+from controller.rules.durations import parse_duration
 from controller.rules.expr import Expr, ExprError, compile_expr
 from controller.rules.limits import show
 from controller.rules.model import Collector, Problem, Rule
 from controller.rules.patterns import check_pattern
+from controller.rules.settings import Setting, is_setting, parse_settings
 from controller.rules.yamlsrc import Located, LocatedList, YamlError, load
 
-FILE_KEYS = ("normal", "rules")
-RULE_KEYS = ("name", "description", "when", "then", "confidence", "priority")
+FILE_KEYS = ("normal", "rules", "settings")
+RULE_KEYS = ("name", "description", "when", "then", "confidence", "priority", "for")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 
 KeyLine = Callable[[str], int]  # the line of a key of the mapping at hand
 
 
-def parse(
-    path: str, text: str
-) -> tuple[dict[str, list[dict[str, Any]]], list[Rule], list[Problem]]:
-    """One file's normal patterns, rules and problems."""
+@dataclass(frozen=True)
+class Parsed:
+    """One file: its normal patterns, rules, settings and problems."""
+
+    normal: dict[str, list[dict[str, Any]]]
+    rules: list[Rule]
+    settings: dict[str, Setting]
+    problems: list[Problem]
+
+
+def parse(path: str, text: str) -> Parsed:
+    """One file's normal patterns, rules, settings and problems."""
     col = Collector(path)
     try:
         doc = load(text)
     except YamlError as exc:
         col.add(exc.line, exc.message)
-        return {}, [], col.problems
+        return Parsed({}, [], {}, col.problems)
     if doc is None:
         doc = Located()
     if not isinstance(doc, dict):
         col.add(_line(doc, 1), "a rules file must be a mapping with 'normal' and/or 'rules'")
-        return {}, [], col.problems
+        return Parsed({}, [], {}, col.problems)
     for key in doc:
         if key not in FILE_KEYS:
             line = doc.line_of(key) if isinstance(doc, Located) else 1
             col.add(line, f"unknown top-level key {key!r} (expected one of {', '.join(FILE_KEYS)})")
+    settings = parse_settings(col, doc.get("settings"), doc.line_of("settings")
+                              if "settings" in doc and isinstance(doc, Located) else 1)  # fmt: skip
     normal = _parse_normal(col, doc.get("normal"), doc)
     rules: list[Rule] = []
     raw_rules = doc.get("rules", [])
@@ -63,7 +77,7 @@ def parse(
         rule = _parse_rule(col, raw, line)
         if rule:
             rules.append(rule)
-    return normal, rules, col.problems
+    return Parsed(normal, rules, settings, col.problems)
 
 
 def _line(obj: Any, fallback: int) -> int:
@@ -85,6 +99,7 @@ def _parse_rule(col: Collector, raw: Any, line: int) -> Rule | None:
     _check_rule_keys(col, raw, at, line, rname)
     when = _parse_when(col, raw, at, line, rname)
     confidence, priority = _check_numbers(col, raw, at, rname)
+    for_s = _parse_for(col, raw, at, rname)
     kinds = tuple(when) if isinstance(when, dict) and when else None
     params = _parse_then(col, raw.get("then"), at("then"), rname, kinds)
     if len(col.problems) > start or params is None or not isinstance(when, dict):
@@ -96,8 +111,19 @@ def _parse_rule(col: Collector, raw: Any, line: int) -> Rule | None:
     return Rule(
         name=str(name), description=str(description or "").strip(), when=dict(when),
         action=params[0], params=params[1], confidence=float(confidence), priority=int(priority),
-        path=col.path, line=line,
+        path=col.path, line=line, for_s=for_s,
     )  # fmt: skip
+
+
+def _parse_for(col: Collector, raw: dict[str, Any], at: KeyLine, rname: str | None) -> float | None:
+    """`for:`, the time the condition must hold before the rule fires (None: at once)."""
+    if "for" not in raw:
+        return None
+    try:
+        return parse_duration(raw["for"])
+    except ValueError as exc:
+        col.add(at("for"), f"for: {exc}", rname)
+        return None
 
 
 def _check_rule_keys(
@@ -245,5 +271,8 @@ def _parse_normal(col: Collector, normal: Any, doc: Any) -> dict[str, list[dict[
                             f"normal pattern for {kind}: field {fld!r} may not use "
                             "'matches' or references (normal facts are matched by negation)",
                         )
+                    elif isinstance(cond, dict) and any(map(is_setting, cond.values())):
+                        col.add(pline, f"normal pattern for {kind}: field {fld!r} may not use "
+                                       "settings (they are for rules' conditions)")  # fmt: skip
                 out.setdefault(kind, []).append(dict(pattern))
     return out

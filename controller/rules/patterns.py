@@ -2,8 +2,9 @@
 
 A pattern maps a fact kind's fields to a plain value (equality) or to a condition
 `{operator: value}`; a value may be a reference `{ref: kind.field}` to a kind named earlier in
-the same `when`. Every problem goes to the file's `Collector` with the line of the field it is
-about, worded for the operator: what was wrong and what was expected.
+the same `when`, or a setting `{setting: name}` (`controller.rules.settings`). Every problem
+goes to the file's `Collector` with the line of the field it is about, worded for the
+operator: what was wrong and what was expected.
 
 Pure: checks the data it is given.
 """
@@ -17,6 +18,7 @@ from controller.core.facts import FIELDS, VALUES
 from controller.rules.limits import show
 from controller.rules.model import Collector
 from controller.rules.regex_dialect import matches_problem
+from controller.rules.settings import COMPARE, NAME, is_setting
 from controller.rules.yamlsrc import Located
 
 OPERATORS = ("gt", "gte", "lt", "lte", "eq", "neq", "in", "matches", "exists")
@@ -98,6 +100,10 @@ def _check_condition(
     if set(cond) == {"ref"}:
         col.add(fline, f"field {fld!r}: a reference needs an operator, e.g. lt: {{ref: ...}}", rule)
         return
+    if set(cond) == {"setting"}:
+        col.add(fline, f"field {fld!r}: a setting needs an operator, e.g. gte: {{setting: ...}}",
+                rule)  # fmt: skip
+        return
     for op, value in cond.items():
         if op not in OPERATORS:
             expected = ", ".join(OPERATORS)
@@ -109,6 +115,13 @@ def _check_condition(
 
 
 def _check_value(op: str, value: Any, kinds_before: tuple[str, ...]) -> str | None:
+    if is_setting(value):
+        name = value["setting"]
+        if op not in COMPARE:
+            return f"operator {op!r} cannot take a setting"
+        if not isinstance(name, str) or not NAME.match(name):
+            return f"a setting is named by lowercase letters, digits and '_', got {show(name)}"
+        return None  # known and fitting: checked across files (`controller.rules.settings`)
     if isinstance(value, dict) and set(value) == {"ref"}:
         ref = str(value["ref"])
         kind, _, fld = ref.partition(".")

@@ -8,13 +8,21 @@ A test file (YAML):
       - name: a silently exited daemon is restarted
         facts:
           - {kind: instance, id: "i1", daemon: down}   # merged over a healthy serving instance
+        held_for: 11m                                 # optional: how long the facts have held
+        settings: {idle_wait_s: 300}                  # optional, for this test (over the file's)
         expect:
           proposals:
             - {rule: restart-silently-exited-daemon, action: restart_daemon, params: {instance: i1}}
           unmatched: []                               # optional: exact list of fact ids
+          pending: []                                 # optional: `for:` rules still waiting
 
 `proposals` must match exactly: every expected one present (params compared as a subset),
 none unexpected. Matching runs through durable_rules and `decide`, as a tick does.
+
+`held_for` is how long every condition the facts meet has held already (default: they hold
+from now): a rule with `for: 10m` fires in a test with `held_for: 10m` or more, and otherwise
+waits, listed under `pending` (by rule name). Settings (the file's, then a test's) override the
+rules files' own, in conditions and parameters alike, as the config's do.
 
 A test file is read strictly: a key outside the shape above (a misspelled `expect:`, `facts`
 under `expect`, `acton` in a proposal), a fact of an unknown kind or a test without `expect`
@@ -29,8 +37,10 @@ from typing import Any
 
 from controller.core.decide import unmatched
 from controller.core.policy import DecideSettings
+from controller.rules.durations import parse_duration
 from controller.rules.engine import Engine
 from controller.rules.fire import proposals_from
+from controller.rules.hold import hold, subject
 from controller.rules.rulebook import RulesError
 from controller.rules.source import read_rulebook
 from controller.rules.yamlsrc import Located, YamlError, load
@@ -107,7 +117,10 @@ def run_test(engine: Engine, test: dict[str, Any], settings: DecideSettings) -> 
     facts = [_fact(f, n) for n, f in enumerate(test.get("facts") or [])]
     matches = engine.match(facts, 0.0)
     by_id = {f["id"]: f for f in facts}
-    props, doubts = proposals_from(matches, by_id, engine.book, settings, 0.0)
+    held_s = parse_duration(test["held_for"]) if "held_for" in test else 0.0
+    holds = {(str(m.rule), subject(m)): (-held_s, 0.0) for m in matches if m.rule}
+    held = hold(engine.book, matches, holds, 0.0)
+    props, doubts = proposals_from(held.fire, by_id, engine.book, settings, 0.0)
     got = [
         {"rule": p.proposer.removeprefix("rule:"), "action": p.action, "params": p.params}
         for p in props
@@ -119,12 +132,17 @@ def run_test(engine: Engine, test: dict[str, Any], settings: DecideSettings) -> 
         un = sorted(str(f["id"]) for d in unmatched(matches, by_id) for f in d.facts)
         if un != sorted(str(x) for x in expect["unmatched"]):
             problems.append(f"unmatched facts: expected {sorted(expect['unmatched'])}, got {un}")
+    if "pending" in expect:
+        waiting = sorted(w.rule for w in held.waiting)
+        if waiting != sorted(str(x) for x in expect["pending"] or []):
+            problems.append(f"pending rules: expected {sorted(expect['pending'] or [])}, "
+                            f"got {waiting}")  # fmt: skip
     return problems
 
 
 FILE_KEYS = frozenset({"rule_files", "settings", "tests"})
-TEST_KEYS = frozenset({"name", "facts", "expect"})
-EXPECT_KEYS = frozenset({"proposals", "unmatched"})
+TEST_KEYS = frozenset({"name", "facts", "expect", "held_for", "settings"})
+EXPECT_KEYS = frozenset({"proposals", "unmatched", "pending"})
 PROPOSAL_KEYS = frozenset({"rule", "action", "params"})
 
 
@@ -149,6 +167,7 @@ def shape_problems(where: str, doc: Any) -> list[str]:
         if not isinstance(test, dict):
             continue
         line = getattr(test, "line", 0)
+        problems += _test_values(where, test, line)
         if "expect" not in test:
             problems.append(f"{where}:{line}: expect: missing (a test must expect something)")
         else:
@@ -164,6 +183,20 @@ def shape_problems(where: str, doc: Any) -> list[str]:
     return problems
 
 
+def _test_values(where: str, test: dict[str, Any], line: int) -> list[str]:
+    """A test's `held_for` (a duration) and `settings` (a mapping), where given."""
+    at = test.line_of if isinstance(test, Located) else (lambda _k: line)
+    problems = []
+    if "held_for" in test:
+        try:
+            parse_duration(test["held_for"])
+        except ValueError as exc:
+            problems.append(f"{where}:{at('held_for')}: held_for: {exc}")
+    if "settings" in test and not isinstance(test["settings"], dict):
+        problems.append(f"{where}:{at('settings')}: settings: must map names to values")
+    return problems
+
+
 def run_file(path: Path) -> list[Result]:
     try:
         doc = load(path.read_text(encoding="utf-8")) or {}
@@ -173,15 +206,31 @@ def run_file(path: Path) -> list[Result]:
     if shape:
         return [Result(str(path), "(file)", tuple(shape))]
     files = [path.parent / f for f in doc.get("rule_files") or []] or [path.parent.parent]
+    engines: dict[str, Engine] = {}  # one per distinct set of settings
+
+    def engine_for(values: dict[str, Any], origin: str) -> Engine:
+        key = repr(sorted(values.items()))
+        if key not in engines:
+            engines[key] = Engine(read_rulebook(files, values, origin))
+        return engines[key]
+
+    file_values = dict(doc.get("settings") or {})
     try:
-        engine = Engine(read_rulebook(files))
+        engine_for(file_values, f"{path}'s settings")
     except RulesError as exc:
         return [Result(str(path), "(rules)", tuple(str(p) for p in exc.problems))]
     base = DecideSettings()
-    settings = DecideSettings(values={**base.values, **(doc.get("settings") or {})})
     results = []
     for test in doc.get("tests") or []:
         where = f"{path}:{getattr(test, 'line', 0)}"
+        values = {**file_values, **(test.get("settings") or {})}
+        try:
+            engine = engine_for(values, f"the settings of the test at {where}")
+        except RulesError as exc:
+            results.append(Result(where, str(test.get("name", "?")),
+                                  tuple(str(p) for p in exc.problems)))  # fmt: skip
+            continue
+        settings = DecideSettings(values={**base.values, **values})
         results.append(
             Result(where, str(test.get("name", "?")), tuple(run_test(engine, test, settings)))
         )

@@ -20,9 +20,10 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from controller.rules.engine import Engine, EngineError
 from controller.rules.limits import show
@@ -68,9 +69,14 @@ def contents_digest(texts: Sequence[tuple[str, str]]) -> str:
     return digest.hexdigest()[:12]
 
 
-def read_rulebook(paths: Sequence[Path]) -> Rulebook:
+def read_rulebook(
+    paths: Sequence[Path],
+    settings: Mapping[str, Any] | None = None,
+    origin: str = "the config's settings",
+) -> Rulebook:
     """Read and validate; raise RulesError with `path:line` problems. The digest is of the
-    files' names (relative to the folders named) and contents (`contents_digest`)."""
+    files' names (relative to the folders named) and contents (`contents_digest`). `settings`
+    override the files' own (`controller.rules.settings`; `origin` names them in errors)."""
     texts = []
     problems = []
     named = _named(paths)
@@ -91,7 +97,7 @@ def read_rulebook(paths: Sequence[Path]) -> Rulebook:
             )
     if problems:
         raise RulesError(problems)
-    book = load_texts(texts)
+    book = load_texts(texts, settings, origin)
     problems = pattern_problems(book)
     if problems:
         raise RulesError(problems)
@@ -230,9 +236,12 @@ def _files_digest(paths: Sequence[Path]) -> str:
 class RulesSource:
     """The rules in force. `reload()` swaps them only when the new files are all valid."""
 
-    def __init__(self, paths: Sequence[Path], check_every_s: float = 0.0) -> None:
+    def __init__(self, paths: Sequence[Path], check_every_s: float = 0.0,
+                 settings: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+        """`settings`: the config's, over the rules files' own."""
         self.paths = list(paths)
-        self.book = read_rulebook(self.paths)
+        self.settings = dict(settings or {})
+        self.book = read_rulebook(self.paths, self.settings)
         self.engine = _engine(self.book, self._where())
         self._seen = _files_digest(self.paths)
         self.check_every_s = check_every_s  # wall-clock seconds between looks at the files
@@ -260,7 +269,7 @@ class RulesSource:
             return None
         self._seen = _files_digest(self.paths)
         try:
-            book = read_rulebook(self.paths)
+            book = read_rulebook(self.paths, self.settings)
             if book.digest == self.book.digest:
                 return None  # touched, not changed
             engine = _engine(book, self._where())
