@@ -7,7 +7,8 @@ deleted, by its time column, older than `now - days`:
 
     ticks, actions (finished ones; never an open intent, an unknown outcome, or a launch that
     rented an instance: those say which instances fleetgate owns), events, llm_calls,
-    llm_usage, rule_reloads, deliveries, escalations no longer pending, outbox jobs done.
+    llm_usage, rule_reloads, deliveries, escalations no longer pending, outbox jobs done,
+    demand_history.
 
 Kept whatever their age: the fleet's tracks and hosts (current state), the key/value store,
 the lease, replacements. `now` is the controller's clock (virtual on the simulator), passed in.
@@ -45,6 +46,7 @@ RULES: tuple[tuple[str, str], ...] = (
     ("deliveries", "at < ?"),
     ("escalations", "created_at < ? AND status != 'pending'"),
     ("outbox", "done_at IS NOT NULL AND done_at < ?"),
+    ("demand_history", "at < ?"),
 )  # fmt: skip
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.service.config import Config, load_config
-from controller.sim import SimConfig, Simulation
+from controller.sim import SimConfig, Simulation, shapes
 from controller.sim.trace import RowFilter, TraceTask, load_trace, timezone_named
 from controller.tools.replay import baselines, in_world, report
 from controller.tools.replay.results import BaselineParams, mean_boot_s
@@ -33,6 +33,7 @@ from controller.tools.replay.run import (
 DAY = 86400.0
 DEADLINE_S = 3600.0
 COOLDOWN_S = 300.0
+SHAPE_DAYS = 7.0  # a generated shape's length without --days
 SAMPLES = 3000  # points per time series in the chart
 
 
@@ -40,7 +41,11 @@ def add_parser(sub: Any) -> None:
     """The `simulate` subcommand and its options (`sub`: the CLI's subparsers)."""
     p = sub.add_parser("simulate", help="replay a task trace: fleetgate beside four baselines")
     add = p.add_argument
-    add("--trace", required=True, metavar="FILE", help="CSV of tasks")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trace", metavar="FILE", help="CSV of tasks")
+    source.add_argument("--shape", choices=shapes.SHAPES, help="a generated workload instead of "
+                        "a trace: short = 20-120 s tasks, daily and weekly cycles, bursts "
+                        "(seeded by --seed; --days, default 7)")  # fmt: skip
     add("--days", type=float, metavar="N",
         help="virtual days to run (default: to the last arrival plus the deadline)")  # fmt: skip
     add("--config", dest="simulate_config", metavar="FILE",
@@ -97,15 +102,16 @@ def simulate(args: argparse.Namespace) -> int:
     scales = (_scale(args.time_scale, config, "trace_time_scale"),
               _scale(args.service_scale, config, "trace_service_scale"))  # fmt: skip
     try:
-        tasks = _load(args, scales)
+        tasks = _load(args, scales, config.sim.seed if args.seed is None else args.seed)
     except (ValueError, OSError) as exc:
         print(f"fleetgate simulate: {exc}", file=sys.stderr)
         return 2
     if not tasks:
-        print(f"fleetgate simulate: no tasks in {args.trace}", file=sys.stderr)
+        print(f"fleetgate simulate: no tasks in {args.trace or args.shape}", file=sys.stderr)
         return 2
     step = config.sim.seconds_per_tick
     span = args.days * DAY if args.days else tasks[-1].arrival_s + args.deadline_s
+    span = SHAPE_DAYS * DAY if args.shape and not args.days else span
     ticks = ticks_for(span, step)
     horizon = ticks * step
     tasks = baselines.within(tasks, horizon)
@@ -166,7 +172,9 @@ def _scale(given: float | None, config: Config, key: str) -> float:
     return float(config.sim.world[key]) if key in config.sim.world else 1.0
 
 
-def _load(args: argparse.Namespace, scales: tuple[float, float]) -> list[TraceTask]:
+def _load(args: argparse.Namespace, scales: tuple[float, float], seed: int) -> list[TraceTask]:
+    if args.shape:
+        return shapes.tasks_of(args.shape, args.days or SHAPE_DAYS, seed)
     return load_trace(
         args.trace,
         arrival_col=args.arrival_col,
@@ -201,7 +209,8 @@ def _meta(args: argparse.Namespace, scales: tuple[float, float], tasks: list[Tra
     step = run.seconds_per_tick
     return {
         "config": args.simulate_config or args.config,
-        "trace": {"path": str(args.trace), "arrival_col": args.arrival_col,
+        "shape": args.shape,
+        "trace": {"path": str(args.trace) if args.trace else None, "arrival_col": args.arrival_col,
                   "end_col": None if args.service_col else args.end_col,
                   "service_col": args.service_col, "gpu_col": args.gpu_col or None,
                   "time_scale": scales[0], "service_scale": scales[1],
@@ -216,7 +225,8 @@ def _meta(args: argparse.Namespace, scales: tuple[float, float], tasks: list[Tra
 
 
 def _title(args: argparse.Namespace, meta: dict[str, Any]) -> str:
-    return (f"fleetgate simulate: {Path(args.trace).name}, {meta['tasks']} tasks, "
+    name = Path(args.trace).name if args.trace else f"shape {args.shape}"
+    return (f"fleetgate simulate: {name}, {meta['tasks']} tasks, "
             f"{meta['days']:.1f} days")  # fmt: skip
 
 

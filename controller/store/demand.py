@@ -1,0 +1,92 @@
+"""The demand history: per tick, each task's demand (pending + running) and its forecast.
+
+Table `demand_history`: one row per task name read that tick (`all` always, other names while
+they have tasks; a name missing from a tick that has an `all` row had none), with the forecast
+made at that tick (`controller.core.forecast`) and its horizon. A forecast reads a few windows
+of it (the last hour, a day and a week back); `simulate` scores the forecasts against it.
+
+Bounded: rows older than `KEEP_S` (15 days: the forecast looks back a week) are deleted every
+`PRUNE_EVERY` records, whatever the retention setting; retention removes them sooner when it
+keeps less.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+
+from controller.core.forecast import Forecast
+from controller.core.model import Demand
+from controller.store.aggregate import Aggregate
+from controller.store.backend import JournalError
+
+KEEP_S = 15 * 86_400.0
+PRUNE_EVERY = 1000
+
+Sample = tuple[float, float]
+
+
+class DemandHistory(Aggregate):
+    """Demand and forecasts per tick, per task name."""
+
+    SCHEMA = """
+CREATE TABLE IF NOT EXISTS demand_history (
+  id INTEGER PRIMARY KEY, at REAL NOT NULL, task TEXT NOT NULL, demand INTEGER NOT NULL,
+  forecast REAL, horizon_s REAL
+);
+CREATE INDEX IF NOT EXISTS demand_history_at ON demand_history(at);
+"""
+
+    _records = 0
+
+    def record(self, now: float, demand: Sequence[Demand],
+               forecasts: Mapping[str, Forecast]) -> None:  # fmt: skip
+        """This tick's readings (and forecasts); the oldest rows go every PRUNE_EVERY calls."""
+        rows = []
+        for d in demand:
+            value = d.pending + d.running
+            if value == 0 and d.task != "all":
+                continue
+            f = forecasts.get(d.task)
+            rows.append((now, d.task, value, round(f.pending, 3) if f else None,
+                         f.horizon_s if f else None))  # fmt: skip
+        self._records += 1
+        with self.tx() as db:
+            db.executemany("INSERT INTO demand_history(at, task, demand, forecast, horizon_s) "
+                           "VALUES (?, ?, ?, ?, ?)", rows)  # fmt: skip
+            if self._records % PRUNE_EVERY == 0:
+                db.execute("DELETE FROM demand_history WHERE at < ?", (now - KEEP_S,))
+
+    def series(self, spans: Sequence[tuple[float, float]]) -> dict[str, list[Sample]]:
+        """(at, demand) per task within any of `spans` ([from, to], inclusive), by `at`; a
+        tick with an `all` row and no row for a task gives that task 0."""
+        if not spans:
+            return {}
+        where = " OR ".join("(at >= ? AND at <= ?)" for _ in spans)
+        args = [x for span in spans for x in span]
+        try:
+            rows = self.store.query(
+                f"SELECT at, task, demand FROM demand_history WHERE {where} ORDER BY at", args
+            )
+        except JournalError:
+            if not getattr(self.store, "read_only", False):
+                raise
+            return {}  # a journal from before the demand history, opened read-only (explain)
+        ticks: list[float] = []
+        seen: dict[str, dict[float, float]] = defaultdict(dict)
+        for r in rows:
+            at = float(r["at"])
+            if r["task"] == "all":
+                ticks.append(at)
+            seen[str(r["task"])][at] = float(r["demand"])
+        return {task: [(at, values.get(at, 0.0)) for at in ticks] for task, values in seen.items()}
+
+    def scored(self, task: str = "all") -> list[tuple[float, float, float | None, float | None]]:
+        """(at, demand, forecast, horizon_s) of `task` at every tick kept, by `at`."""
+        rows = self.store.query(
+            "SELECT at, demand, forecast, horizon_s FROM demand_history WHERE task = ? "
+            "ORDER BY at", (task,))  # fmt: skip
+        return [(float(r["at"]), float(r["demand"]),
+                 None if r["forecast"] is None else float(r["forecast"]),
+                 None if r["horizon_s"] is None else float(r["horizon_s"]))
+                for r in rows]  # fmt: skip
