@@ -4,9 +4,12 @@ For each doubt, in the tick:
 
 1. build a Situation (facts sanitized, recent actions on its subject, the fleet and budget
    summary, the allowed actions, the default action `hold`);
-2. skip it while the same fingerprint is pending or approved, or was raised within the dedup
-   window (`held_back`), unless it cleared since, or it asks to approve an action again after
-   the last approval was acted on;
+2. skip it unless it is new or changed (`reask`): a fingerprint never raised, one that cleared
+   and came back, or a request to approve an action again after the last one was acted on is
+   raised; one whose last escalation is pending or approved is not; one whose last answer (the
+   default at its deadline, a denial, an action) left it as it was is raised once more after
+   the dedup window, to people only, and then not again until it changes. Why it was or was not
+   raised is kept with it in the journal (`standing`);
 3. journal it (pending, with a deadline) and, in the same transaction, queue a
    `read_and_deliver` job in the outbox (controller/store/outbox.py) with the targets the LLM
    may name, or already routed to people when the situation is one the operator reserved for
@@ -28,14 +31,15 @@ replay is the same run after run), `fleetgate run` wakes its worker thread.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
-from controller.core.actions import ACTIONS
+from controller.core.actions import DESCRIPTORS
 from controller.core.decide import Doubt
 from controller.core.model import Proposal
 from controller.core.policy import Gate
@@ -51,6 +55,8 @@ log = logging.getLogger(__name__)
 HOLD = {"action": "hold", "params": {"reason": "no answer before the deadline"}}
 PEOPLE_ONLY = frozenset({"approval"})  # the operator asked a person to approve these
 FRESH_MAX = 1000  # situations kept as raised, for the worker of this process
+STANDING = "escalation_standing"  # journal key: the situations that hold, asks since a change
+ASKS_PER_CHANGE = 2  # the first ask, and one more when the answer left it as it was
 
 
 class Reader(Protocol):
@@ -120,7 +126,8 @@ class Escalator:
             facts=tuple(sanitize_fact(f) for f in doubt.facts), key=dict(doubt.key),
             proposals=tuple(proposal_dict(p) for p in doubt.proposals),
             recent_actions=tuple(recent), fleet=dict(fleet), budget=dict(budget),
-            allowed_actions=tuple(ACTIONS), default_action=HOLD, created_at=now,
+            allowed_actions=allowed_actions(doubt.subject, doubt.facts, doubt.proposals),
+            default_action=HOLD, created_at=now,
         )  # fmt: skip
 
     def raise_all(
@@ -133,14 +140,25 @@ class Escalator:
     ) -> list[int]:
         """Steps 1-3 for each doubt; returns the ids of the escalations raised (not deduped)."""
         raised = []
+        standing: dict[str, dict[str, Any]] = dict(self.journal.meta.get(STANDING, None) or {})
+        before = json.dumps(standing, sort_keys=True)
         for doubt in doubts:
             s = self.situation(doubt, fleet, budget, now)
             fp = fingerprint(s)
             last = self.journal.escalations.last_escalation(fp)
-            if last and held_back(str(last["status"]), s.kind, float(last["created_at"]), now,
-                                  self.window_s):  # fmt: skip
+            held = standing.get(fp)
+            verdict = reask(last, s.kind, int(held["asks"]) if held else None, now, self.window_s)
+            if not verdict.ask:
+                assert last is not None  # a situation never raised is always asked
+                if held is None:  # raised before it was counted here: that was its first ask
+                    held = {"asks": 1, "since": float(last["created_at"]), "last": last["id"]}
+                if held.get("why") != verdict.why:
+                    log.debug("situation %s (%s) not raised again: %s", fp, s.subject, verdict.why)
+                    standing[fp] = dict(held, why=verdict.why, at=now)
                 continue
             routed = self._unread(s, doubt)
+            if routed is None and not verdict.fresh:  # the LLM read it since it last changed
+                routed = Routed(False, f"it is asked once more: {verdict.why}")
             with self.journal.tx():  # the escalation and its job, or neither
                 esc_id = self.journal.escalations.add_escalation(
                     fingerprint=fp, kind=s.kind, subject=s.subject, summary=s.summary, now=now,
@@ -148,11 +166,21 @@ class Escalator:
                 )  # fmt: skip
                 self.jobs.add(esc_id, READ_AND_DELIVER, now, targets=() if routed else targets,
                               routed=routed.as_dict() if routed else None)  # fmt: skip
+                again = held is not None and not verdict.fresh
+                asks = int(held["asks"]) + 1 if held is not None and again else 1
+                since = float(held["since"]) if held is not None and again else now
+                standing[fp] = {"asks": asks, "since": since, "last": esc_id,
+                                "why": verdict.why, "at": now}  # fmt: skip
+                self.journal.meta.put(ask_key(esc_id), {"ask": asks, "why": verdict.why})
+            log.debug("situation %s (%s) raised as escalation #%d (ask %d): %s", fp, s.subject,
+                      esc_id, asks, verdict.why)  # fmt: skip
             raised.append(esc_id)
             self.fresh[esc_id] = s
             while len(self.fresh) > FRESH_MAX:
                 self.fresh.popitem(last=False)
             self._written(now)
+        if json.dumps(standing, sort_keys=True) != before:
+            self.journal.meta.put(STANDING, standing)
         return raised
 
     def _unread(self, s: Situation, doubt: Doubt) -> Routed | None:
@@ -221,6 +249,12 @@ class Escalator:
                         ) -> list[int]:  # fmt: skip
         """Close pending escalations whose situation no longer holds (nothing left to answer)."""
         current = {fingerprint(self.situation(d, fleet, {}, now)) for d in doubts}
+        standing = dict(self.journal.meta.get(STANDING, None) or {})
+        gone = sorted(set(standing) - current)
+        for fp in gone:  # it cleared: seen again, it is a new occurrence, asked at once
+            log.debug("situation %s cleared after %s ask(s)", fp, standing.pop(fp)["asks"])
+        if gone:
+            self.journal.meta.put(STANDING, standing)
         closed = []
         for esc in self.journal.escalations.recent(status="pending"):
             if esc["fingerprint"] in current:
@@ -320,6 +354,12 @@ class Escalator:
 UNRESOLVING = frozenset({"hold", "notify"})  # answers that leave the situation as it is
 
 
+def ask_key(esc_id: int) -> str:
+    """The journal key of why escalation `esc_id` was raised: {"ask": n since its situation
+    last changed, "why": words}."""
+    return f"escalation_ask:{esc_id}"
+
+
 def shown_key(esc_id: int) -> str:
     """The journal key of the proposal escalation `esc_id`'s message showed first."""
     return f"escalation_shown:{esc_id}"
@@ -373,3 +413,96 @@ def held_back(status: str, kind: str, raised_at: float, now: float, window_s: fl
     if status == "resolved" or (kind in _REQUESTS and status not in _QUIET_FOR_A_WINDOW):
         return False
     return not should_escalate(raised_at, now, window_s)
+
+
+@dataclass(frozen=True)
+class Reask:
+    """Whether a situation is raised now (`ask`), why, and whether it is new or changed
+    (`fresh`: its count of asks starts over)."""
+
+    ask: bool
+    why: str
+    fresh: bool = False
+
+
+def reask(last: Mapping[str, Any] | None, kind: str, asks: int | None, now: float,
+          window_s: float) -> Reask:  # fmt: skip
+    """Raise a situation again only when it changed, or once more when an answer left it.
+
+    `last` is its fingerprint's last escalation (a journal row), `asks` how often it was raised
+    since it last changed (None: it cleared since, or it was never seen holding). A changed
+    situation has another fingerprint, so it is new here. Pending or approved: wait for it. An
+    answer that left it as it was (the default `hold` at the deadline, a denial, an action that
+    did not fix it) gets the dedup window (`held_back`), then one more ask; after
+    ASKS_PER_CHANGE asks it is quiet until it changes, clears or comes back."""
+    if last is None:
+        return Reask(True, "first seen", fresh=True)
+    n, status = int(last["id"]), str(last["status"])
+    if status in _WAITING:
+        waits = "waits for an answer" if status == "pending" else "has an answer to run"
+        return Reask(False, f"escalation #{n} {waits}")
+    if status == "resolved" or asks is None:
+        return Reask(True, f"it cleared after escalation #{n} and came back", fresh=True)
+    if kind in _REQUESTS and status not in _QUIET_FOR_A_WINDOW:
+        return Reask(True, f"the action approved in escalation #{n} was {status}; this is a "
+                     "new request", fresh=True)  # fmt: skip
+    ended = _ended(last)
+    if asks >= ASKS_PER_CHANGE:
+        return Reask(False, f"asked {asks} times since it last changed ({ended}); asked "
+                     "again when it changes or clears")  # fmt: skip
+    if held_back(status, kind, float(last["created_at"]), now, window_s):
+        return Reask(False, f"{ended}; the dedup window ({window_s:g} s) has not passed")
+    return Reask(True, f"{ended}, and it still holds {window_s:g} s after it was raised")
+
+
+def _ended(last: Mapping[str, Any]) -> str:
+    """How escalation `last` ended, in words."""
+    n, status = int(last["id"]), str(last["status"])
+    if status == "expired":
+        default = last.get("default_action")
+        if isinstance(default, str):
+            default = json.loads(default)
+        action = default.get("action", "hold") if isinstance(default, Mapping) else "hold"
+        return f"escalation #{n} expired and its default ({action}) did not resolve it"
+    if status == "denied":
+        return f"escalation #{n} was denied"
+    return f"escalation #{n} was answered and the action was {status}"
+
+
+# What each kind of subject may be answered with (`hold` and `notify` always): an instance's
+# own actions as its status and stage allow, the fleet's size, a host's block.
+_ALWAYS = ("hold", "notify")
+_FLEET_ACTIONS = ("launch", "scale_to")
+_DAEMON_STAGES = ("bench", "running")
+
+
+def allowed_actions(subject: str, facts: Sequence[Mapping[str, Any]],
+                    proposals: Sequence[Proposal] = ()) -> tuple[str, ...]:  # fmt: skip
+    """The actions an answer about `subject` may name, in the vocabulary's order.
+
+    An instance: replace and destroy; reboot, drain while it runs; restart_daemon once its
+    daemon belongs (bench, running); undrain when drained; block_host for its host. The fleet
+    (or the demand): launch, scale_to. A host: block_host. A sensor: nothing but the two
+    always allowed. Any action a proposal of the situation names is allowed too (`escalate`
+    never: it is a rule's way to ask)."""
+    kind, _, ident = subject.partition(":")
+    names = set(_ALWAYS) | {p.action for p in proposals}
+    if kind == "instance":
+        inst = next((f for f in facts if f.get("kind", "instance") == "instance"
+                     and str(f.get("id")) == ident), {})  # fmt: skip
+        names |= {"replace", "destroy"}
+        if inst.get("machine_id") or inst.get("machine"):
+            names.add("block_host")
+        if inst.get("status") == "running":
+            names |= {"reboot", "drain"}
+            if inst.get("stage") in _DAEMON_STAGES:
+                names.add("restart_daemon")
+        if inst.get("drained"):
+            names |= {"undrain"}
+            names.discard("drain")
+    elif kind == "machine":
+        names.add("block_host")
+    elif subject == "fleet" or kind == "demand":
+        names |= set(_FLEET_ACTIONS)
+    names.discard("escalate")
+    return tuple(a for a in DESCRIPTORS if a in names)

@@ -197,3 +197,22 @@ def served(app: Any, journal: Journal) -> Iterator[str]:
     finally:
         server.stop()
         journal.close()
+
+
+def rules_leaving_frozen_to_people(where: Path) -> Path:
+    """The shipped rules in `where`, without `replace-frozen-instance` and its grace time: a
+    frozen instance on the simulator is then unmatched and escalated (the situation the
+    escalation tests need; the shipped rules replace it)."""
+    import yaml
+
+    from controller.rules.source import shipped_rules
+
+    where.mkdir(parents=True, exist_ok=True)
+    for path in sorted(shipped_rules().glob("*.yaml")):
+        (where / path.name).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    doc = yaml.safe_load((where / "lifecycle.yaml").read_text(encoding="utf-8"))
+    doc["rules"] = [r for r in doc["rules"] if r["name"] != "replace-frozen-instance"]
+    doc["normal"]["instance"] = [n for n in doc["normal"]["instance"]
+                                 if n.get("status") != "frozen"]  # fmt: skip
+    (where / "lifecycle.yaml").write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return where

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import rules_leaving_frozen_to_people
 
 ROOT = Path(__file__).resolve().parent.parent
 FLEETGATE = [
@@ -33,8 +34,10 @@ def fg(*args: str, check: bool = True, **kw: Any) -> subprocess.CompletedProcess
 
 
 def fast_config(tmp: Path) -> Path:
+    """Fast ticks, and frozen instances left to people (so there is something to escalate)."""
     cfg = tmp / "fast.yaml"
-    cfg.write_text("interval_s: 0.01\n")
+    rules = rules_leaving_frozen_to_people(tmp / "rules")
+    cfg.write_text(f"interval_s: 0.01\nrules: ['{rules}']\n")
     return cfg
 
 
@@ -125,7 +128,8 @@ def test_consecutive_ticks_continue_from_the_journal(tmp_path: Path) -> None:
 
 def test_a_human_approval_runs_through_the_guards_on_the_next_tick(tmp_path: Path) -> None:
     cfg, state = tmp_path / "patient.yaml", tmp_path / "s"
-    cfg.write_text("interval_s: 0.01\nescalation: {deadline_s: 864000}\n")
+    rules = rules_leaving_frozen_to_people(tmp_path / "rules")
+    cfg.write_text(f"interval_s: 0.01\nrules: ['{rules}']\nescalation: {{deadline_s: 864000}}\n")
     fg("--config", str(cfg), "--state", str(state), "run", "--ticks", "400", "--seed", "7")
     pending = [e for e in escalations(cfg, state) if e["status"] == "pending"]
     assert pending, "no escalation to answer"
@@ -140,12 +144,16 @@ def test_a_human_approval_runs_through_the_guards_on_the_next_tick(tmp_path: Pat
         "approve",
         str(esc["id"]),
         "--action",
-        "scale_to",
+        "replace",
         "--param",
-        "count=-3",
+        "block_host=sometimes",
         check=False,
     )
-    assert bad.returncode == 2 and "count" in bad.stderr
+    assert bad.returncode == 2 and "block_host" in bad.stderr
+    answer = ("escalations", "approve", str(esc["id"]), "--action", "scale_to",
+              "--param", "count=3")  # fmt: skip
+    outside = fg("--config", str(cfg), "--state", str(state), *answer, check=False)
+    assert outside.returncode == 2 and "not offered" in outside.stderr  # not this subject's
     fg(
         "--config",
         str(cfg),

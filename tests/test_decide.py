@@ -90,7 +90,7 @@ def test_unmatched_is_abnormal_and_unclaimed() -> None:
     assert out.unmatched == ("a",)
     [doubt] = out.doubts
     assert doubt.kind == "unmatched" and doubt.subject == "instance:a"
-    assert doubt.key == {"status": "frozen", "stage": "running", "daemon": "up", "sidecar": "up"}
+    assert doubt.key == {"status": "frozen", "stage": "running"}  # probes follow the status
 
 
 def test_an_abnormal_sensor_is_a_sensing_failure() -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from fakes.openai_server import FakeOpenAI, RawBody, closed_port_url
+from support import rules_leaving_frozen_to_people
 
 from controller.service.app import App
 from controller.service.assemble import assemble
@@ -39,6 +40,9 @@ def app_factory(tmp_path: Path) -> Iterator[Any]:
     apps: list[App] = []
 
     def make(cfg: Config) -> App:
+        if not cfg.rules:  # frozen instances escalated, not replaced by the shipped rule
+            rules = rules_leaving_frozen_to_people(tmp_path / "rules")
+            cfg = cfg.model_copy(update={"rules": [str(rules)]})
         app = assemble(cfg, state=tmp_path / "state", clock=time.time, sleep=time.sleep, seed=7)
         apps.append(app)
         return app

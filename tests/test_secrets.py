@@ -26,6 +26,7 @@ from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
 from fakes.openai_server import FakeOpenAI
 from fakes.receiver import Receiver
+from support import rules_leaving_frozen_to_people
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRETS = {
@@ -104,7 +105,9 @@ def test_no_secret_in_prompts_messages_logs_or_the_journal(
     box, smtp_port = mailbox
     with FakeOpenAI(default="never_tools") as llm, Receiver() as rx:
         cfg = tmp_path / "fleetgate.yaml"
-        cfg.write_text(config_text(llm.url, rx.url, smtp_port, free_port()))
+        rules = rules_leaving_frozen_to_people(tmp_path / "rules")  # something to escalate
+        text = config_text(llm.url, rx.url, smtp_port, free_port())
+        cfg.write_text(f"rules: ['{rules}']\n" + text)
         env = dict(os.environ, **SECRETS, FG_WEBHOOK_URL=f"{rx.url}/hook/{WEBHOOK_PATH}",
                    FG_SLACK_URL=f"{rx.url}/slack/{SLACK_PATH}")  # fmt: skip
         state = tmp_path / "state"

@@ -36,6 +36,9 @@ KEY_FIELDS = {
     "demand": ("task",),
     "fleet": (),
 }
+# Health probes follow from the status of an instance that does not run (a frozen or stopped
+# container's heartbeats go stale one after the other): there they are not a change.
+RUNNING_ONLY_KEY_FIELDS = ("daemon", "sidecar")
 
 
 SENSOR_WORDS = {"provider": "fleet listing", "demand": "demand reading"}
@@ -80,6 +83,8 @@ def unmatched(matches: Sequence[Match], facts: dict[str, dict[str, Any]]) -> lis
         kind = str(fact["kind"])
         key = {k: fact.get(k) for k in KEY_FIELDS.get(kind, ())}
         shown = ", ".join(f"{k}={v}" for k, v in key.items())
+        if kind == "instance" and fact.get("status") != "running":
+            key = {k: v for k, v in key.items() if k not in RUNNING_ONLY_KEY_FIELDS}
         summary = f"{kind} {fact.get('id')} is outside the declared steady state and no rule "
         summary += f"covers it ({shown})" if shown else "covers it"
         if kind == "sensor":

@@ -1,9 +1,11 @@
-"""Running totals of a simulation and their summary (spend, GPU hours, tasks, queue waits)."""
+"""Running totals of a simulation and their summary (spend, GPU hours, tasks, queue waits), and
+how often each distinct situation was escalated, read by the LLM and sent to people."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -65,3 +67,42 @@ def wait_summary(waits: list[float]) -> dict[str, float | int]:
 def _nearest_rank(ordered: list[float], q: float) -> float:
     rank = max(1, math.ceil(q * len(ordered)))
     return ordered[rank - 1]
+
+
+def per_situation(
+    escalations: Iterable[Mapping[str, Any]],
+    llm_calls: Iterable[Mapping[str, Any]],
+    jobs: Iterable[Mapping[str, Any]],
+) -> dict[str, Any]:
+    """Escalations, LLM calls and deliveries to people per distinct situation (fingerprint).
+
+    `escalations`, `llm_calls` and `jobs` are journal rows (the escalation outbox's jobs: a
+    `read_and_deliver` job whose outcome is "delivered ..." reached people). Totals, and the
+    most any one situation had."""
+    fp_of = {int(e["id"]): str(e["fingerprint"]) for e in escalations}
+    counts: dict[str, Counter[str]] = {
+        "escalations": Counter(fp_of.values()),
+        "llm_calls": Counter(fp_of[int(c["escalation_id"])] for c in llm_calls
+                             if c.get("escalation_id") is not None
+                             and int(c["escalation_id"]) in fp_of),
+        "to_people": Counter(fp_of[int(j["escalation_id"])] for j in jobs
+                             if j.get("kind") == "read_and_deliver"
+                             and str(j.get("outcome") or "").startswith("delivered")
+                             and int(j["escalation_id"]) in fp_of),
+    }  # fmt: skip
+    out: dict[str, Any] = {"situations": len(set(fp_of.values()))}
+    for name, counter in counts.items():
+        out[name] = sum(counter.values())
+        out[f"most_{name}"] = max(counter.values(), default=0)
+    return out
+
+
+def per_situation_line(p: Mapping[str, Any]) -> str:
+    """The report's line for `per_situation`'s result."""
+    n = int(p["situations"])
+    if n == 0:
+        return "per distinct situation: none was escalated"
+    parts = [f"{label} {p[name] / n:.2f} (at most {p[f'most_{name}']})" for name, label in
+             (("escalations", "escalations"), ("llm_calls", "LLM calls"),
+              ("to_people", "sent to people"))]  # fmt: skip
+    return f"per distinct situation ({n}): " + ", ".join(parts)

@@ -468,6 +468,7 @@ def adversarial_llm(n: int, seed: int) -> dict[str, Any]:
     import os
 
     from fakes.openai_server import FakeOpenAI
+    from support import rules_leaving_frozen_to_people
 
     from controller.core.decide import Doubt
     from controller.service.assemble import assemble
@@ -485,7 +486,9 @@ def adversarial_llm(n: int, seed: int) -> dict[str, Any]:
     try:
         with tempfile.TemporaryDirectory() as tmp, FakeOpenAI(default="escalate") as fake, \
                 _quiet(), _stdout_to_null():  # fmt: skip
+            rules = rules_leaving_frozen_to_people(Path(tmp) / "rules")  # frozen ones escalate
             cfg = parse_config("chaos.yaml", (
+                f"rules: ['{rules}']\n"
                 "interval_s: 0.01\n"
                 "escalation:\n"
                 f"  llm: {{base_url: '{fake.url}', model: fake-model,"
@@ -509,7 +512,10 @@ def adversarial_llm(n: int, seed: int) -> dict[str, Any]:
                 kind, reply, valid = _adversarial(rng, ids, i)
                 kinds[kind] = kinds.get(kind, 0) + 1
                 fake.script(reply)
-                subject = f"instance:{ids[0]}" if ids else "fleet"
+                # a launch is offered for the fleet, not for one instance: those probes ask
+                # about the fleet, so the guards (not the offer) are what they meet
+                fleetwide = kind.startswith(("launch", "scale_to", "injected_override"))
+                subject = f"instance:{ids[0]}" if ids and not fleetwide else "fleet"
                 doubt = Doubt("unmatched", subject, f"chaos probe {i}: {kind}",
                               facts=tuple(facts[x] for x in ids[:3]),
                               key={"probe": i})  # fmt: skip
@@ -609,6 +615,7 @@ def secrets_scan(ticks: int = 40) -> dict[str, Any]:
 
     from fakes.openai_server import FakeOpenAI
     from fakes.receiver import Receiver
+    from support import rules_leaving_frozen_to_people
 
     from controller.service.assemble import assemble
     from controller.service.config import parse_config
@@ -631,7 +638,9 @@ def secrets_scan(ticks: int = 40) -> dict[str, Any]:
                 Receiver() as rx:  # fmt: skip
             os.environ.update(SECRETS, FG_CHAOS_HOOK=f"{rx.url}/hook/{HOOK_PATH}")
             state = Path(tmp) / "state"
+            rules = rules_leaving_frozen_to_people(Path(tmp) / "rules")  # frozen ones escalate
             cfg = parse_config("secrets.yaml", f"""
+rules: ['{rules}']
 interval_s: 0.01
 escalation:
   llm: {{base_url: '{llm.url}', model: fake-model, api_key: {{env: FG_CHAOS_LLM_KEY}}, retries: 0,
