@@ -7,8 +7,11 @@
    nobody's business: the job ends there. Otherwise ask the LLM unless the job says it is
    people's already (`Escalator.read` journals the call); an answer that may act approves the
    escalation; anything else goes to the channels that do not have it yet, with the LLM's
-   proposal and why it came to people. `resolve`: end the open alerts on every channel that
-   keeps them, whatever the escalation's state;
+   proposal and why it came to people, and, under "already done", how the earlier escalations
+   of the same situation ended; an LLM that answered `notify` has its message sent as a notice
+   of its own. `resolve`: end the open alerts on every channel that keeps them, whatever the
+   escalation's state. A notice (`notice:<source>`: a `notify` action, an approved answer the
+   guards changed): to the channels that do not have it yet, each outcome kept in its row;
 3. record the outcome: done; or, when a channel failed, due again after `backoff_s`, doubled
    each try, for the failed channels only; after `attempts` tries, done as failed;
 4. go on until no job is due, `deadline_s` (real seconds) has passed, or `stopping` is set.
@@ -34,11 +37,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from controller.store.outbox import RESOLVE, Job
+from controller.store.outbox import NO_ESCALATION, RESOLVE, Job
 from escalation.channels.base import Channel
+from escalation.notify import Notifier, earlier_entries, llm_notice
 from escalation.router import Escalator, Routed
 from escalation.situation import Situation, from_dict
 
@@ -94,6 +98,8 @@ class Outbox:
                 self._finish(job, now, f"failed after {job.attempts} tries")
             elif job.kind == RESOLVE:
                 self._resolve(job, now)
+            elif job.is_notice:
+                self._notice(job, now)
             else:
                 self._read_and_deliver(job, now)
         except Exception as exc:  # noqa: BLE001 - one bad job must not stop the others
@@ -131,8 +137,22 @@ class Outbox:
             self._finish(job, now, f"approved by {routed.proposal['proposer']}" if ok
                          else "not approved: the escalation was answered meanwhile")  # fmt: skip
             return
+        proposal = routed.proposal or {}
+        if proposal.get("action") == "notify":  # what it wants people to know, as it said it
+            self.jobs.add_notice(
+                job.escalation_id,
+                "llm",
+                llm_notice(job.escalation_id, s.subject, proposal, now),
+                now,
+            )
         self._stage(job, "deliver")
-        self._deliver(job, esc, self.escalator.shown(s, routed), routed.why, now)
+        shown = self.escalator.shown(s, routed)
+        before = self.escalator.journal.escalations.earlier(str(esc["fingerprint"]),
+                                                            job.escalation_id)  # fmt: skip
+        if before:
+            shown = replace(shown, recent_actions=(*earlier_entries(before),
+                                                   *shown.recent_actions))  # fmt: skip
+        self._deliver(job, esc, shown, routed.why, now)
 
     def _pending(self, job: Job, now: float) -> dict[str, Any] | None:
         """The escalation, if it still waits for an answer; else the job ends here."""
@@ -155,6 +175,28 @@ class Outbox:
             self._again(job, now, "; ".join(failed), sent)
         else:
             self._finish(job, now, f"delivered to {len(sent)} channel(s)", sent=sent)
+
+    def _notice(self, job: Job, now: float) -> None:
+        """Send a notice to the channels that do not have it yet; keep each outcome."""
+        if job.notice is None:
+            self._finish(job, now, "not sent: the notice is empty")
+            return
+        self._stage(job, "deliver")
+        left = [(k, c) for k, c in _keyed(self.escalator.notifier.channels) if k not in job.sent]
+        how = {}
+        if job.escalation_id != NO_ESCALATION:
+            how = {k: v for k, v in self.escalator.how(job.escalation_id).items()
+                   if k == "view_url"}  # fmt: skip
+        notifier = Notifier([c for _, c in left], self.escalator.notifier.renderer)
+        out = notifier.notice(job.notice, how, self.escalator.journal.meta.identity())
+        self.jobs.delivered(job, [{"channel": d.channel, "at": now, "ok": d.ok,
+                                   "detail": d.detail} for d in out])  # fmt: skip
+        sent = [*job.sent, *(k for (k, _), d in zip(left, out, strict=True) if d.ok)]
+        failed = [f"{d.channel}: {d.detail}" for d in out if not d.ok]
+        if failed:
+            self._again(job, now, "; ".join(failed), sent)
+        else:
+            self._finish(job, now, f"notice delivered to {len(sent)} channel(s)", sent=sent)
 
     def _resolve(self, job: Job, now: float) -> None:
         esc = self.escalator.journal.escalations.escalation(job.escalation_id)

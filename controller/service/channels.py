@@ -90,7 +90,7 @@ def _pagerduty(s: PagerDutySettings, seams: ChannelSeams) -> Channel:
 
 
 def _alertmanager(s: AlertmanagerSettings, seams: ChannelSeams) -> Channel:
-    return AlertmanagerChannel(url=s.url, severity=s.severity, labels=s.labels,
+    return AlertmanagerChannel(url=s.url, severity=s.severity, fleet=s.fleet, labels=s.labels,
                                headers=s.headers, http=seams.http(),
                                clock=seams.clock)  # fmt: skip
 

@@ -66,6 +66,15 @@ CREATE TABLE IF NOT EXISTS deliveries (
             (fingerprint,),
         )
 
+    def earlier(self, fingerprint: str, before_id: int, limit: int = 5) -> list[Row]:
+        """The last `limit` escalations of this fingerprint raised before escalation
+        `before_id`, oldest first, decoded: how the same situation went before."""
+        rows = self._all(
+            "SELECT * FROM escalations WHERE fingerprint = ? AND id < ? ORDER BY id DESC LIMIT ?",
+            (fingerprint, before_id, max(0, limit)),
+        )
+        return [_decoded(r) for r in rows[::-1]]
+
     def recent(self, status: str | None = None, limit: int = 200) -> list[Row]:
         """The last `limit` escalations (of `status`, if given), oldest first, decoded."""
         where, args = ("WHERE status = ?", [status]) if status else ("", [])
@@ -111,3 +120,60 @@ CREATE TABLE IF NOT EXISTS deliveries (
             "SELECT channel, at, ok, detail FROM deliveries WHERE escalation_id = ? ORDER BY id",
             (esc_id,),
         )
+
+    # ---- what answers teach: learned rules, the autonomy track record ----------------------
+    # The track record reads the actions people's answers carried out, and journals autonomy
+    # demotions as events (kind AUTONOMY_EVENT in the fleet's `events` table).
+    AUTONOMY_EVENT = "autonomy_demoted"
+
+    def history(self, since: float | None = None) -> list[Row]:
+        """Every escalation (raised at or after `since`, if given), oldest first, decoded."""
+        where, args = ("WHERE created_at >= ?", [since]) if since is not None else ("", [])
+        return [_decoded(r) for r in self._all(f"SELECT * FROM escalations {where} ORDER BY id",
+                                               args)]  # fmt: skip
+
+    def answered_since(self, since: float) -> list[Row]:
+        """Escalations answered (by anyone, the deadline included) at or after `since`, oldest
+        first, decoded."""
+        rows = self._all("SELECT * FROM escalations WHERE answered_at >= ? ORDER BY id", (since,))
+        return [_decoded(r) for r in rows]
+
+    def answers_signature(self, since: float) -> str:
+        """Changes whenever an escalation answered since `since` is answered, carried out,
+        vetoed or voided: whether the track record needs reading again."""
+        rows = self._all("SELECT id, status FROM escalations WHERE answered_at >= ? ORDER BY id",
+                         (since,))  # fmt: skip
+        return dumps([[r["id"], r["status"]] for r in rows])
+
+    _EXECUTED = (
+        "SELECT a.id, a.at, a.action, a.target, a.proposer, a.escalation_id, "
+        "e.kind AS kind FROM actions a LEFT JOIN escalations e ON e.id = a.escalation_id "
+        "WHERE a.verdict = 'act' AND a.status = 'ok' AND a.parent_id IS NULL AND "
+    )
+
+    def executed_by_people(self, since: float) -> list[Row]:
+        """Actions carried out (`ok`) at or after `since` that a person's answer asked for,
+        each with its escalation's `kind`; oldest first."""
+        people = "substr(a.proposer, 1, 6) = 'human:'"  # no LIKE: '%' is the driver's
+        return self._all(self._EXECUTED + f"a.at >= ? AND {people} ORDER BY a.id", (since,))
+
+    def executed_between(self, since: float, before: float, actions: tuple[str, ...]
+                         ) -> list[Row]:  # fmt: skip
+        """Actions named `actions` carried out (`ok`) in [since, before), each with its
+        escalation's `kind` (None: none); oldest first."""
+        marks = ", ".join("?" * len(actions))
+        return self._all(self._EXECUTED + f"a.at >= ? AND a.at < ? AND a.action IN ({marks}) "
+                         "ORDER BY a.id", (since, before, *actions))  # fmt: skip
+
+    def add_autonomy_event(self, now: float, detail: dict[str, Any]) -> None:
+        with self.tx() as db:
+            db.execute("INSERT INTO events(instance_id, at, kind, detail) VALUES (?, ?, ?, ?)",
+                       ("autonomy", now, self.AUTONOMY_EVENT, dumps(detail)))  # fmt: skip
+
+    def autonomy_events(self) -> list[Row]:
+        """Every autonomy demotion journaled, oldest first, `detail` decoded."""
+        rows = self._all("SELECT id, at, detail FROM events WHERE kind = ? ORDER BY id",
+                         (self.AUTONOMY_EVENT,))  # fmt: skip
+        for r in rows:
+            r["detail"] = loads(r["detail"], {})
+        return rows

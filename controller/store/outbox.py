@@ -1,8 +1,11 @@
 """The escalation outbox: what the tick leaves for the escalation worker to do.
 
 Table `outbox`, one row per job: `read_and_deliver` (ask the LLM about an escalation, then tell
-people if it may not act) or `resolve` (end the channels' open alerts of an escalation that was
-answered, expired or resolved). The tick only writes rows; the worker (escalation/outbox.py)
+people if it may not act), `resolve` (end the channels' open alerts of an escalation that was
+answered, expired or resolved), or a notice (`notice:<source>`: a message for people that asks
+nothing, such as a `notify` action or guards that trimmed an approved answer; `notice` holds
+it, `delivered` each channel's outcome). A notice of no escalation has escalation id 0.
+The tick only writes rows; the worker (escalation/outbox.py)
 takes the due ones, in order, and records what came of each. A row survives a restart: work
 written and not yet done is done by the next worker.
 
@@ -29,6 +32,8 @@ from controller.store.backend import Row, Store, statements
 READ_AND_DELIVER = "read_and_deliver"
 RESOLVE = "resolve"
 KINDS = (READ_AND_DELIVER, RESOLVE)
+NOTICE = "notice:"  # + its source ("action:17", "llm", "guarded"): once per escalation
+NO_ESCALATION = 0  # the escalation id of a notice about none
 
 _MINE = " WHERE id = ? AND taken_by = ?"
 _RELEASE = "taken_by = NULL, taken_until = NULL"
@@ -52,6 +57,11 @@ class Job:
     routed: dict[str, Any] | None
     sent: tuple[str, ...]
     last_error: str | None = None
+    notice: dict[str, Any] | None = None
+
+    @property
+    def is_notice(self) -> bool:
+        return self.kind.startswith(NOTICE)
 
     @classmethod
     def of(cls, row: Row) -> Job:
@@ -60,7 +70,7 @@ class Job:
             created_at=float(row["created_at"]), attempts=int(row["attempts"]),
             next_at=float(row["next_at"]), targets=tuple(loads(row["targets"], [])),
             routed=loads(row["routed"]), sent=tuple(loads(row["sent"], [])),
-            last_error=row["last_error"],
+            last_error=row["last_error"], notice=loads(row.get("notice")),
         )  # fmt: skip
 
 
@@ -77,10 +87,13 @@ CREATE TABLE IF NOT EXISTS outbox (
 CREATE UNIQUE INDEX IF NOT EXISTS outbox_once ON outbox(escalation_id, kind);
 CREATE INDEX IF NOT EXISTS outbox_due ON outbox(done_at, next_at);
 """
+    COLUMNS = (("outbox", "notice", "TEXT"), ("outbox", "delivered", "TEXT"))
 
     def __init__(self, store: Store) -> None:
         super().__init__(store)
         store.create(statements(self.SCHEMA))
+        for table, column, decl in self.COLUMNS:
+            store.add_column(table, column, decl)
 
     def add(self, escalation_id: int, kind: str, now: float, *, targets: Collection[str] = (),
             routed: dict[str, Any] | None = None) -> int | None:  # fmt: skip
@@ -88,12 +101,27 @@ CREATE INDEX IF NOT EXISTS outbox_due ON outbox(done_at, next_at);
         Inside the transaction that raised the escalation, the two are written together."""
         if kind not in KINDS:
             raise ValueError(f"outbox job kind {kind!r} is not one of {', '.join(KINDS)}")
+        return self._add(escalation_id, kind, now, targets, routed, None)
+
+    def add_notice(self, escalation_id: int | None, source: str, notice: dict[str, Any],
+                   now: float) -> int | None:  # fmt: skip
+        """Queue a notice, due at once; None if that escalation already has one from `source`
+        (a notice of an action row: `action:<id>`, once)."""
+        if not source or not isinstance(notice.get("text"), str):
+            raise ValueError(f"a notice needs a source and a text, got {source!r}, {notice!r}")
+        esc = NO_ESCALATION if escalation_id is None else escalation_id
+        return self._add(esc, NOTICE + source, now, (), None, notice)
+
+    def _add(self, escalation_id: int, kind: str, now: float, targets: Collection[str],
+             routed: dict[str, Any] | None,
+             notice: dict[str, Any] | None) -> int | None:  # fmt: skip
         with self.tx() as db:
             cur = db.execute(
-                "INSERT INTO outbox(escalation_id, kind, created_at, next_at, targets, routed) "
-                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(escalation_id, kind) DO NOTHING",
+                "INSERT INTO outbox(escalation_id, kind, created_at, next_at, targets, routed, "
+                "notice) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(escalation_id, kind) DO NOTHING",
                 (escalation_id, kind, now, now, dumps(sorted(targets)) if targets else None,
-                 dumps(routed) if routed is not None else None),
+                 dumps(routed) if routed is not None else None,
+                 dumps(notice) if notice is not None else None),
             )  # fmt: skip
             if cur.rowcount != 1:
                 return None
@@ -160,6 +188,18 @@ CREATE INDEX IF NOT EXISTS outbox_due ON outbox(done_at, next_at);
             )  # fmt: skip
             return cur.rowcount == 1
 
+    def delivered(self, job: Job, outcomes: Sequence[dict[str, Any]]) -> None:
+        """Add each channel's outcome of one try of a notice to its row (`delivered`)."""
+        with self.tx() as db:
+            row = db.execute("SELECT delivered FROM outbox WHERE id = ?", (job.id,)).fetchone()
+            kept = loads(row["delivered"], []) if row else []
+            db.execute("UPDATE outbox SET delivered = ? WHERE id = ?",
+                       (dumps([*kept, *outcomes]), job.id))  # fmt: skip
+
+    def notices(self, escalation_id: int | None = None) -> list[Row]:
+        """Notices (JSON columns decoded), oldest first: of one escalation (0: of none), or all."""
+        return [r for r in self.jobs(escalation_id) if str(r["kind"]).startswith(NOTICE)]
+
     def jobs(self, escalation_id: int | None = None, *, undone: bool = False) -> list[Row]:
         """Rows (JSON columns decoded), oldest first: of one escalation, or all; only undone."""
         where, args = ["1 = 1"], []
@@ -169,6 +209,6 @@ CREATE INDEX IF NOT EXISTS outbox_due ON outbox(done_at, next_at);
             where.append("done_at IS NULL")
         rows = self._all(f"SELECT * FROM outbox WHERE {' AND '.join(where)} ORDER BY id", args)
         for r in rows:
-            for k in ("targets", "routed", "sent"):
-                r[k] = loads(r[k])
+            for k in ("targets", "routed", "sent", "notice", "delivered"):
+                r[k] = loads(r.get(k))
         return rows

@@ -8,7 +8,9 @@ in the Notifier's list; nothing else changes.
 Channels must NOT render templates themselves (the Notifier renders, once per template), decide
 whether to escalate, retry for long, or swallow failures: a failed delivery raises ChannelError
 and the Notifier records it. A channel that needs its own template (an email, a Slack payload)
-names it in a `template` class attribute; otherwise it gets DEFAULT_TEMPLATE.
+names it in a `template` class attribute; otherwise it gets DEFAULT_TEMPLATE. A notice (a message
+that asks nothing, escalation.notify) is rendered from its `notice_template`, else notice.txt.j2;
+a channel with `resolve` (it pages) gets no notices.
 """
 
 from __future__ import annotations

@@ -105,6 +105,7 @@ class EmailChannel:
     """Sends each escalation from `sender` to `recipients` through the SMTP server host:port."""
 
     template = "email.txt.j2"
+    notice_template = "notice_email.txt.j2"
 
     def __init__(
         self,

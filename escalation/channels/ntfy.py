@@ -1,9 +1,10 @@
 """The ntfy channel: a push notification to phones, with Approve and Deny buttons.
 
-One JSON publish to the server's root URL with the topic, the title, message and tags that
-ntfy.json.j2 renders, the priority, and, when the controller's HTTP API is configured
-(how.answer_url) and its token was given as `answer_token`, two `http` action buttons that POST
-{"decision": "approve"} or {"decision": "deny"} to the answer URL with
+One JSON publish to the server's root URL with the topic, the title, the short message, the tags
+and the click link (the escalation's page) that ntfy.json.j2 renders, the priority, and, when
+the controller's HTTP API is configured (how.answer_url) and its token was given as
+`answer_token`, two `http` action buttons that POST {"decision": "approve"} or
+{"decision": "deny"} to the answer URL with
 `Authorization: Bearer <that escalation's answer capability>`. Without both there are no
 buttons; the message still carries the CLI commands.
 
@@ -69,6 +70,7 @@ class NtfyChannel:
     """Publishes each escalation to `topic` on the ntfy server at `url`."""
 
     template = "ntfy.json.j2"
+    notice_template = "notice_ntfy.json.j2"
 
     def __init__(
         self,
@@ -101,6 +103,7 @@ class NtfyChannel:
             {"title": str, "message": str, "tags": list, "answer_url": (str, type(None))},
             what,
         )
+        click = parts.get("click")
         payload: dict[str, Any] = {
             "topic": self._topic,
             "title": parts["title"],
@@ -108,6 +111,8 @@ class NtfyChannel:
             "priority": self.priority,
             "tags": [str(tag) for tag in parts["tags"]],
         }
+        if isinstance(click, str) and click:
+            payload["click"] = click
         actions = self._buttons(parts["answer_url"], esc)
         if actions:
             payload["actions"] = actions

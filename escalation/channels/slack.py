@@ -33,6 +33,7 @@ class SlackChannel:
     """POSTs the rendered slack.json.j2 payload to a Slack incoming webhook."""
 
     template = "slack.json.j2"
+    notice_template = "notice_slack.json.j2"
 
     def __init__(
         self, webhook_url: SecretStr, *, name: str = "slack", http: HttpClient | None = None

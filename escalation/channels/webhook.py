@@ -37,6 +37,7 @@ class WebhookChannel:
     """POSTs the rendered webhook.json.j2 object to `url` with `headers`."""
 
     template = "webhook.json.j2"
+    notice_template = "notice_webhook.json.j2"
 
     def __init__(
         self,

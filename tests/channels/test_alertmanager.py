@@ -119,6 +119,7 @@ def test_an_escalation_is_an_active_alert_until_resolved(
     assert alert["labels"] == {
         "alertname": "FleetgateEscalation", "escalation_id": "101", "kind": "unmatched",
         "subject": "instance:10007", "severity": "warning", "fleet": "test",
+        "fingerprint": first["fingerprint"], "journal": "journal-1",
     }  # fmt: skip
     notes = alert["annotations"]
     assert (
@@ -133,9 +134,7 @@ def test_an_escalation_is_an_active_alert_until_resolved(
     assert _parse(alert["endsAt"]) == _parse(first["deadline_iso"])
     assert _parse(alert["startsAt"]) == _parse(first["created_at_iso"])
 
-    channel.resolve(
-        {"id": 101, "kind": "unmatched", "subject": "instance:10007", "status": "denied"}
-    )
+    channel.resolve(dict(first, status="denied"))
     assert by_id(alerts(alertmanager), 101) == []  # ended: Alertmanager lists it no more
     assert by_id(alerts(alertmanager, active="true"), 101) == []
     [still] = by_id(alerts(alertmanager, active="true"), 102)  # another one stays
@@ -197,9 +196,54 @@ def test_a_closed_port_is_a_channel_error(
 def test_bad_static_labels_are_refused() -> None:
     with pytest.raises(ValueError, match=r"labels \['1bad', 'severity'\]"):
         AlertmanagerChannel("http://127.0.0.1:1", labels={"1bad": "x", "severity": "y", "ok": "z"})
-    with pytest.raises(ChannelError, match=r"lacks \['subject'\]"):
+    with pytest.raises(ChannelError, match=r"lacks \['subject', 'fingerprint', 'journal_id'\]"):
         AlertmanagerChannel("http://127.0.0.1:1").resolve({"id": 1, "kind": "k"})
 
 
 def _parse(stamp: str) -> datetime:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).replace(microsecond=0)
+
+
+def test_two_fleets_with_the_same_escalation_id_keep_their_own_alerts(
+    alertmanager: str, http: HttpClient, how: dict[str, Any]
+) -> None:
+    prod = AlertmanagerChannel(alertmanager, fleet="prod", severity="critical", http=http)
+    lab = AlertmanagerChannel(alertmanager, labels={"fleet": "lab"}, http=http)
+    ours, theirs = sample_esc(id=301, journal_id="j-prod"), sample_esc(id=301, journal_id="j-lab")
+    send(prod, ours, how)
+    send(lab, theirs, how)
+    found = by_id(alerts(alertmanager), 301)
+    assert sorted((a["labels"]["fleet"], a["labels"]["journal"], a["labels"]["severity"])
+                  for a in found) == [("lab", "j-lab", "warning"),
+                                      ("prod", "j-prod", "critical")]  # fmt: skip
+    assert all(a["labels"]["fingerprint"] == ours["fingerprint"] for a in found)
+    lab.resolve(dict(theirs, status="denied"))  # the lab's answer ends the lab's alert only
+    [left] = by_id(alerts(alertmanager, active="true"), 301)
+    assert (left["labels"]["fleet"], left["status"]["state"]) == ("prod", "active")
+
+
+def test_an_escalation_on_the_simulators_clock_arrives_active_in_real_time(
+    alertmanager: str, http: HttpClient, how: dict[str, Any]
+) -> None:
+    virtual = 1_767_225_600.0  # the simulator's start: long before the real now
+    esc = sample_esc(now=virtual, id=302, created_at=virtual)
+    before = time.time()
+    send(AlertmanagerChannel(alertmanager, http=http), esc, how)
+    [alert] = by_id(alerts(alertmanager, active="true"), 302)
+    assert alert["status"]["state"] == "active"
+    starts, ends = _parse(alert["startsAt"]).timestamp(), _parse(alert["endsAt"]).timestamp()
+    assert before - 1 <= starts <= time.time() + 1
+    assert abs((ends - starts) - 1800) <= 1  # as long as people have to answer
+    assert alert["annotations"]["deadline"] == esc["deadline_iso"]  # its own deadline, shown
+
+
+def test_the_fleet_name_is_configured_once() -> None:
+    from escalation.channels.alertmanager import AlertmanagerSettings
+
+    url = "http://127.0.0.1:9093"
+    assert AlertmanagerChannel(url).fleet == "fleetgate"
+    assert AlertmanagerSettings(url=url, fleet="prod").fleet == "prod"
+    with pytest.raises(ValueError, match="disagree: give the fleet's name once"):
+        AlertmanagerSettings(url=url, fleet="prod", labels={"fleet": "lab"})
+    with pytest.raises(ValueError, match="fleet"):
+        AlertmanagerSettings(url=url, fleet="")

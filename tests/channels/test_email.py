@@ -234,3 +234,15 @@ def test_bad_settings_are_refused() -> None:
         EmailChannel("h", 25, "none", "u", None, "a@b", ["c@d"])
     with pytest.raises(ValueError, match="starttls, tls or none"):
         EmailChannel("h", 25, "ssl", None, None, "a@b", ["c@d"])  # type: ignore[arg-type]
+
+
+def test_a_long_subject_is_cut_at_a_word_within_150_characters(
+    mailbox: tuple[Mailbox, int], make_esc: Any, how: dict[str, Any]
+) -> None:
+    box, port = mailbox
+    summary = " ".join(f"instance{n:05d}-frozen" for n in range(40))
+    send(email(port, password=None), make_esc(summary=summary), how)
+    [(_, msg)] = box.messages
+    subject = msg["Subject"]
+    assert len(subject) <= 150 and subject.endswith("-frozen…")  # a whole word, then the mark
+    assert subject.removesuffix("…").split()[-1] in summary.split()

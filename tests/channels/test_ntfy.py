@@ -16,7 +16,7 @@ from escalation.channels.http import HttpClient
 from escalation.channels.ntfy import MAX_MESSAGE_BYTES, NtfyChannel, cap_bytes
 from escalation.render import Renderer
 
-from .helpers import ANSWER_URL, send
+from .helpers import ANSWER_URL, VIEW_URL, send
 
 API_TOKEN = SecretStr("api-t0ken-never-in-messages")
 ACCESS = SecretStr("tk_ntfyaccesstoken")
@@ -40,10 +40,19 @@ def test_the_publish_carries_topic_title_message_priority_tags(
     assert body["title"] == "Escalation #12: unmatched on instance:10007"
     assert body["priority"] == 5
     assert body["tags"] == ["rotating_light", "fleetgate", "unmatched"]
-    assert body["message"] == Renderer().render("message.txt.j2", esc=esc, how=how)
-    assert "Approve:  fleetgate escalations approve 12\n" in body["message"]
-    assert "Deny:     fleetgate escalations deny 12\n" in body["message"]
-    assert f"Deadline: {esc['deadline_iso']}" in body["message"]
+    # a phone gets it short: the situation, the proposal, deadline and default, budget, answers
+    assert body["message"] == (
+        "Instance 10007 is frozen and no rule covers it.\n"
+        "Proposed: replace_instance instance=10007 (by llm:qwen, confidence 0.42): frozen for "
+        "20 min after a reboot\n"
+        f"Deadline {esc['deadline_iso']}, then: hold\n"
+        "Budget left: spend_left_per_h=5.5 launches_left_1h=3\n"
+        f"Open: {VIEW_URL}\n"
+        "Answer: fleetgate escalations approve 12 | fleetgate escalations deny 12"
+    )
+    assert body["click"] == VIEW_URL  # tapping it opens the escalation's page
+    assert len(body["message"].splitlines()) <= 8
+    assert len(Renderer().render("message.txt.j2", esc=esc, how=how).splitlines()) > 20
 
 
 def test_the_buttons_post_the_decision_to_the_answer_url_with_a_capability(
@@ -93,8 +102,8 @@ def test_no_answer_token_means_no_buttons(
 def test_a_long_message_is_cut_to_ntfy_size(
     rx: Receiver, http: HttpClient, make_esc: Any, how: dict[str, Any]
 ) -> None:
-    facts = [{"label": "é" * 400, "n": i} for i in range(10)]
-    send(ntfy(rx.url, http), make_esc(facts=facts), how)
+    how = dict(how, approve_cli="fleetgate escalations approve 12 " + "é" * 4000)
+    send(ntfy(rx.url, http), make_esc(), how)
     message = rx.requests[0].json["message"]
     assert len(message.encode()) <= MAX_MESSAGE_BYTES
     assert message.endswith("(cut; the full message is in the other channels)")

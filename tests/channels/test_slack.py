@@ -138,3 +138,15 @@ def test_a_template_that_renders_broken_json_is_a_channel_error(
         channel.send(esc, '{"text": "only text"}')
     assert rx.requests == []
     assert json.loads(render_for(channel, esc, how))["blocks"]
+
+
+def test_the_summary_carries_why_people_the_fleet_the_budget_and_the_page(
+    rx: Receiver, http: HttpClient, make_esc: Any, how: dict[str, Any]
+) -> None:
+    esc = make_esc(routing="the LLM answered replace_instance, but its confidence 0.42 is low")
+    send(slack(rx.url, http), esc, how)
+    summary = rx.requests[0].json["blocks"][1]["text"]["text"]
+    assert "*Why you:* the LLM answered replace_instance, but its confidence 0.42 is low" in summary
+    assert "*Fleet:* `running=10 frozen=1 spend_per_h=4.5 pending_tasks=30`" in summary
+    assert "*Budget left:* `spend_left_per_h=5.5 launches_left_1h=3`" in summary
+    assert f"<{how['view_url']}|open escalation #12>" in summary

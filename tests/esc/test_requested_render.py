@@ -21,7 +21,8 @@ def requested() -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    "name", sorted(p.name for p in TEMPLATES.glob("*.j2") if not p.name.startswith("prompt_"))
+    "name",
+    sorted(p.name for p in TEMPLATES.glob("*.j2") if not p.name.startswith(("prompt_", "notice"))),
 )
 def test_every_message_template_renders_a_requested_escalation(
     name: str, how: dict[str, Any]
