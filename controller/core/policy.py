@@ -6,11 +6,12 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from controller.core.actions import ActionName
+from controller.core.actions import ACTIONS, ActionName
 
 Mode = Literal["observe", "propose", "act"]
 
@@ -97,8 +98,29 @@ class Gate(_Strict):
     large_change_factor: float = Field(0.7, gt=0, le=1)
 
 
+class Autonomy(_Strict):
+    """When the track record (`controller.core.track_record`) earns an action more autonomy,
+    and how it loses it: promotions are suggested, demotions take effect at once."""
+
+    promote_after: int = Field(5, ge=1, description="proposals approved unchanged in the window "
+                               "(and none denied, changed or reverted) before fleetgate "
+                               "suggests moving the action from propose to act")  # fmt: skip
+    window_s: float = Field(7 * 86_400, gt=0, description="how far back the record looks")
+    revert_window_s: float = Field(3600, gt=0, description="a person's opposite action this "
+                                   "soon after an action reverts it")  # fmt: skip
+
+
+def demoted(gate: Gate, actions: Iterable[str]) -> Gate:
+    """`gate` with `actions` back on propose (the track record's demotions in force)."""
+    down = {a: "propose" for a in sorted(set(actions)) if a in ACTIONS}
+    if not down or gate.mode == "observe":
+        return gate
+    return gate.model_copy(update={"actions": {**gate.actions, **down}})
+
+
 class DecideSettings(_Strict):
     gate: Gate = Gate()
+    autonomy: Autonomy = Autonomy()
     guards: Guards = Guards()
     values: dict[str, Any] = Field(
         default_factory=lambda: {"tasks_per_instance": 2},
