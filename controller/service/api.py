@@ -3,9 +3,10 @@
     POST /v1/escalations/{id}/answer   {"decision": "approve"|"deny", "action"?, "params"?, "by"?}
     GET  /v1/escalations[?status=pending]
     GET  /v1/escalations/{id}
-    GET  /escalations/{id}              (no token: its state and how to answer; what links open)
     GET  /v1/status
-    GET  /healthz
+    GET  /healthz                        (no token) the process answers and can write the journal
+    GET  /readyz                         (no token) the ticks run: 200, or 503 with the reasons
+    GET  /, /escalations/{id}, ...       the operator's pages (`controller.service.dashboard`)
 
 Every /v1 call needs `Authorization: Bearer <token>` (compared in constant time). An answer may
 instead carry that escalation's own capability (`escalation.capabilities`: one journal, one
@@ -15,7 +16,9 @@ the same as `fleetgate escalations approve|deny`: it is validated, journaled, an
 runs through the guards on the next tick. Served by uvicorn in a background thread.
 
 `create_app` includes the routers it is given (the instance API), then `status_router`
-(health, status) and `escalations_router`, both behind the checks of `Auth`.
+(health, readiness, status) and `escalations_router`, both behind the checks of `Auth`, and
+the pages (`dashboard_router`: a sign-in with the token, a session cookie, CSRF-checked forms
+that answer through the same path as the JSON answer).
 
 In front of every route, `controller.service.api_guard.Guard` checks the caller before the body
 is read (the operator's token, or an answer's capability; the instance API a bearer header,
@@ -45,7 +48,11 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from controller.service.api_guard import Guard, Refusal, bad_id, bearer
+from controller.service.dashboard import View, dashboard_router
 from controller.service.metrics import metrics_router
+from controller.service.status import last_finished_tick, readiness
+from controller.store import lease
+from controller.store.backend import JournalError
 from controller.store.journal import Journal
 from escalation import approvals
 from escalation.capabilities import check_capability
@@ -71,16 +78,25 @@ def create_app(
     on_answer: Callable[[int], None] = lambda _id: None,
     status: Callable[[], dict[str, Any]] | None = None,
     routers: Sequence[APIRouter] = (),
+    view: View | None = None,
 ) -> FastAPI:
     """The API over `journal`; `on_answer` runs after an answer is stored (closes alerts);
-    `routers` adds more (the instance lifecycle API)."""
+    `routers` adds more (the instance lifecycle API); `view`: the running controller's
+    settings the pages and /readyz read (interval, lease holder, guards, rules)."""
     app = _bare()
     for router in routers:
         app.include_router(router)
     auth = Auth(token, journal.meta.identity())
-    app.include_router(status_router(journal, auth, status))
-    app.include_router(escalations_router(journal, auth, clock, on_answer))
+    view = view or View()
+    app.include_router(status_router(journal, auth, status, clock, view))
+    settle = answerer(journal, clock, on_answer)
+    app.include_router(escalations_router(journal, auth, clock, settle))
     app.include_router(metrics_router(journal))
+
+    def record(esc_id: int, decision: str, action: str | None, by: str) -> dict[str, Any]:
+        return settle(esc_id, Answer(decision=decision, action=action), by)
+
+    app.include_router(dashboard_router(journal, token, clock, record, view, status))
     app.add_middleware(Guard, policy=auth.policy, cap=body_cap)
     return app
 
@@ -215,15 +231,44 @@ def _deny() -> HTTPException:
                          headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
 
 
-def status_router(
-    journal: Journal, auth: Auth, status: Callable[[], dict[str, Any]] | None
-) -> APIRouter:
-    """`GET /healthz` (no token) and `GET /v1/status` (`status()`, else the last tick)."""
-    router = APIRouter()
+HEALTH_KEY = "healthz.at"  # the key/value row /healthz writes to prove the journal takes writes
 
-    @router.get("/healthz")
-    def healthz() -> dict[str, str]:
+
+def status_router(
+    journal: Journal,
+    auth: Auth,
+    status: Callable[[], dict[str, Any]] | None,
+    clock: Callable[[], float] = time.time,
+    view: View | None = None,
+) -> APIRouter:
+    """`GET /healthz` and `GET /readyz` (no token), `GET /v1/status` (`status()`, else the
+    last tick)."""
+    router = APIRouter()
+    view = view or View()
+
+    @router.get("/healthz", response_model=None)
+    def healthz() -> dict[str, str] | JSONResponse:
+        """Liveness: the process answers and the journal takes a write."""
+        try:
+            journal.meta.put(HEALTH_KEY, clock())
+        except JournalError as exc:
+            log.error("/healthz: the journal cannot be written: %s", exc)
+            return JSONResponse({"status": "failed", "reason": "the journal cannot be written"},
+                                status_code=503)  # fmt: skip
         return {"status": "ok"}
+
+    @router.get("/readyz", response_model=None)
+    def readyz() -> JSONResponse:
+        """Readiness: the last tick's age against the interval, its sensors, the lease."""
+        try:
+            doc = readiness(last_finished_tick(journal), now=clock(),
+                            interval_s=view.interval_s, holder=view.holder,
+                            leader=lease.read(journal, ttl_s=view.ttl_s))  # fmt: skip
+        except JournalError as exc:
+            log.error("/readyz: the journal cannot be read: %s", exc)
+            doc = {"status": "not ready", "ready": False,
+                   "reasons": ["the journal cannot be read"]}  # fmt: skip
+        return JSONResponse(doc, status_code=200 if doc["ready"] else 503)
 
     @router.get("/v1/status", dependencies=[Depends(auth.authorized)])
     def get_status() -> dict[str, Any]:
@@ -235,8 +280,27 @@ def status_router(
     return router
 
 
+Settle = Callable[[int, Answer, str], dict[str, Any]]
+
+
+def answerer(journal: Journal, clock: Callable[[], float],
+             on_answer: Callable[[int], None]) -> Settle:  # fmt: skip
+    """How an answer is taken, by the JSON endpoint and the pages' forms alike: recorded
+    (`_record_answer`: validated, journaled), logged, then `on_answer`."""
+
+    def settle(esc_id: int, body: Answer, by: str) -> dict[str, Any]:
+        if journal.escalations.escalation(esc_id) is None:
+            raise HTTPException(404, f"no escalation #{esc_id}")
+        result = _record_answer(journal, esc_id, body, clock(), by=by)
+        log.info("escalation #%d %s over HTTP by %s", esc_id, result["status"], by)
+        on_answer(esc_id)
+        return result
+
+    return settle
+
+
 def escalations_router(
-    journal: Journal, auth: Auth, clock: Callable[[], float], on_answer: Callable[[int], None]
+    journal: Journal, auth: Auth, clock: Callable[[], float], settle: Settle
 ) -> APIRouter:
     """List and show escalations (the API token); answer one (the token or its capability)."""
     router = APIRouter()
@@ -251,22 +315,6 @@ def escalations_router(
         if esc is None:
             raise HTTPException(404, f"no escalation #{esc_id}")
         return esc
-
-    @router.get("/escalations/{esc_id}")
-    def page(esc_id: int) -> dict[str, Any]:
-        """What a message's link opens: the escalation's state and how to answer it (the
-        answer itself is a POST with the token); no facts, proposals or secrets."""
-        esc = journal.escalations.escalation(esc_id) if 0 < esc_id < 2**63 else None
-        if esc is None:
-            raise HTTPException(404, f"no escalation #{esc_id}")
-        return {
-            "id": esc["id"], "status": esc["status"], "kind": esc["kind"],
-            "subject": esc["subject"], "deadline": esc["deadline"],
-            "answer": f"POST /v1/escalations/{esc_id}/answer with "
-            '"Authorization: Bearer $FLEETGATE_API_TOKEN", Content-Type: application/json and '
-            'a body {"decision": "approve"} or {"decision": "deny"}; or run '
-            f"`fleetgate escalations approve {esc_id}` / `fleetgate escalations deny {esc_id}`",
-        }  # fmt: skip
 
     @router.post("/v1/escalations/{esc_id}/answer")
     def answer(
@@ -286,10 +334,7 @@ def escalations_router(
                                     "operator's token")  # fmt: skip
             if cred.expires is not None and now > cred.expires:
                 raise HTTPException(403, f"this button expired with escalation #{esc_id}")
-        result = _record_answer(journal, esc_id, body, now, by=cred.who)
-        log.info("escalation #%d %s over HTTP by %s", esc_id, result["status"], cred.who)
-        on_answer(esc_id)
-        return result
+        return settle(esc_id, body, cred.who)
 
     return router
 

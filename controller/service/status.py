@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from controller.service import autonomy
 from controller.store import lease
+from controller.store.aggregate import loads
 from controller.store.journal import Journal
 
 
@@ -39,4 +41,71 @@ def status_doc(journal: Journal, *, now: float, provider: str, paused: bool, rul
         "pending_escalations": len(journal.escalations.recent(status="pending")),
         "leader": lease.read(journal, ttl_s=ttl_s).as_dict(),
         "sim": sim,
+        "autonomy": autonomy.status_part(journal),  # the track record: suggestions, demotions
     }
+
+
+# ---- readiness (GET /readyz) ---------------------------------------------------------------
+STALL_TICKS = 3  # the last tick finished this many intervals ago: the ticks have stalled
+STALL_SLACK_S = 30.0  # ... and at least this long ago (a slow tick on a short interval is not)
+
+
+def last_finished_tick(journal: Journal) -> dict[str, Any] | None:
+    """The newest tick that finished, its summary decoded (a tick under way has none yet)."""
+    rows = journal.store.query(
+        "SELECT * FROM ticks WHERE finished_at IS NOT NULL ORDER BY id DESC LIMIT 1", ()
+    )
+    if not rows:
+        return None
+    row = dict(rows[0])
+    summary = loads(row.get("summary"), {})
+    row["summary"] = summary if isinstance(summary, dict) else {}
+    return row
+
+
+def stall_after_s(interval_s: float) -> float:
+    """How old the last finished tick may be before the controller counts as stalled."""
+    return max(STALL_TICKS * interval_s, interval_s + STALL_SLACK_S)
+
+
+def readiness(last: dict[str, Any] | None, *, now: float, interval_s: float | None,
+              leader: lease.LeaseState, holder: str | None) -> dict[str, Any]:  # fmt: skip
+    """Whether the controller is doing its work, from the journal alone: `ready` and, when it
+    is not, the `reasons` in words. `last`: the last finished tick; `interval_s`: the configured
+    interval (None: the age is shown, not judged); `leader`: the lease as the store sees it;
+    `holder`: this controller's name on the lease (None: unknown). Pure."""
+    reasons: list[str] = []
+    if holder is not None and leader.live and leader.holder == holder:
+        role = "leader"
+    elif leader.live:
+        role = "standby"
+    else:
+        role = "none"
+        reasons.append("no controller holds the leader lease")
+    doc: dict[str, Any] = {"role": role, "leader": leader.holder if leader.live else None}
+    if last is None:
+        reasons.append("no tick has finished yet")
+        sensors: dict[str, Any] = {}
+    else:
+        age = max(0.0, now - float(last["finished_at"]))
+        summary = last.get("summary") or {}
+        sensors = summary.get("sensors") or {}
+        doc["last_tick"] = {"id": last["id"], "finished_at": last["finished_at"],
+                            "age_s": round(age, 1)}  # fmt: skip
+        if interval_s is not None:
+            limit = stall_after_s(interval_s)
+            doc["interval_s"], doc["stall_after_s"] = interval_s, limit
+            if age > limit:
+                reasons.append(f"the last tick finished {age:.0f} s ago (interval "
+                               f"{interval_s:g} s; stalled after {limit:g} s)")  # fmt: skip
+        if summary.get("held"):
+            reasons.append("the last tick held: it acted on nothing (see the escalations)")
+        for name, state in sorted(sensors.items()):
+            if state != "ok":
+                reasons.append(f"sensor {name} was {state} at the last tick")
+    doc["sensors"] = sensors
+    doc["ready"] = not reasons
+    doc["status"] = "ready" if not reasons else "not ready"
+    if reasons:
+        doc["reasons"] = reasons
+    return doc
