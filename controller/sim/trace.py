@@ -4,7 +4,13 @@ The reference trace is Alibaba's `openb_pod_list_default.csv` (cluster-trace-gpu
 al., USENIX ATC 2023): one row per task with `creation_time` and `deletion_time` in seconds from
 the trace start and `num_gpu`. Other CSVs name their own columns: an arrival time and either
 an end time (`end_col`) or a duration (`service_col`, seconds). Blank lines and lines starting
-with `#` are skipped; errors name `path:line`.
+with `#` are skipped; errors name `path:line`. A gzip-compressed file (`.csv.gz`, known by its
+first bytes) is read as it is.
+
+The traces shipped in `controller/sim/data/` (`SHIPPED`: the full openb trace, compressed, and
+a one-day sample) are found by name alone too: a path with no folder that is no file in the
+working directory, such as `openb_pod_list_default.csv.gz` (or `openb_pod_list_default.csv`),
+is the packaged copy, so the documented commands also run from an installed package.
 
 - Times (arrival, end) are numbers of seconds, or timestamps: ISO-like by default
   (`2024-11-15 16:57:50`, `2024-11-15T16:57:50+01:00`), else parsed with `time_format`
@@ -20,12 +26,18 @@ with `#` are skipped; errors name `path:line`.
 from __future__ import annotations
 
 import csv
+import gzip
+import io
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, tzinfo
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+DATA = Path(__file__).resolve().parent / "data"
+SHIPPED = ("openb_pod_list_default.csv.gz", "openb_sample.csv")
+_GZIP = b"\x1f\x8b"
 
 
 @dataclass(frozen=True)
@@ -156,11 +168,32 @@ def _lifetime(
     return end - start
 
 
+def resolve(path: str | Path) -> Path:
+    """`path`, or the shipped trace it names (a bare name that is no file here; see above)."""
+    given = Path(path)
+    if given.exists() or given.parent != Path("."):
+        return given
+    for name in (given.name, given.name + ".gz"):
+        if name in SHIPPED and (DATA / name).is_file():
+            return DATA / name
+    return given
+
+
+def _open(path: Path) -> io.TextIOBase:
+    """The file as text, decompressed when it is gzip."""
+    with path.open("rb") as probe:
+        compressed = probe.read(2) == _GZIP
+    if compressed:
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
+    return path.open(newline="", encoding="utf-8")
+
+
 def _records(path: Path) -> Iterator[tuple[str, dict[str, str]]]:
     """("path:line", {column: value}) for every data row, comments and blank lines skipped."""
     header: list[str] | None = None
-    with path.open(newline="", encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
+    path = resolve(path)
+    with _open(path) as handle:
+        for lineno, line in enumerate(_lines(handle, path), start=1):
             if not line.strip() or line.lstrip().startswith("#"):
                 continue
             where = f"{path}:{lineno}"
@@ -171,6 +204,14 @@ def _records(path: Path) -> Iterator[tuple[str, dict[str, str]]]:
             if len(fields) != len(header):
                 raise ValueError(f"{where}: expected {len(header)} fields, got {len(fields)}")
             yield where, dict(zip(header, fields, strict=True))
+
+
+def _lines(handle: io.TextIOBase, path: Path) -> Iterator[str]:
+    """The file's lines; a damaged or cut-off gzip stream is a ValueError naming the file."""
+    try:
+        yield from handle
+    except (EOFError, gzip.BadGzipFile) as exc:
+        raise ValueError(f"{path}: not a readable gzip file ({exc})") from None
 
 
 def _number(record: dict[str, str], column: str, where: str) -> float:

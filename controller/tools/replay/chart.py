@@ -9,7 +9,7 @@ Three panels sharing the time axis (days from the trace start):
 3. cumulative spend of every policy (on a log scale when one costs over 5 times another).
 
 Drawn with matplotlib's Agg canvas directly (no pyplot state, no display needed). matplotlib
-is optional (`pip install 'fleetgate[chart]'`): without it `draw` writes nothing and says so
+is optional (`pip install 'fleetgate[simulate]'`): without it `draw` writes nothing and says so
 in one line; the report and the table do not need it.
 """
 
@@ -22,7 +22,7 @@ from typing import TextIO
 
 from controller.tools.replay.results import Outcome, label
 
-MISSING = "no chart: matplotlib is not installed (pip install 'fleetgate[chart]')"
+MISSING = "no chart: matplotlib is not installed (pip install 'fleetgate[simulate]')"
 
 COLORS = {"fleetgate": "#1f77b4", "static": "#7f7f7f", "proportional": "#ff7f0e",
           "proportional_sim": "#9467bd", "oracle": "#2ca02c"}  # fmt: skip
