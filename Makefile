@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,chart]'
+	$(BIN)/pip install --quiet -e '.[dev,simulate]'
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -43,8 +43,38 @@ $(PROMTOOL):
 		exit 1; \
 	fi
 
-test: $(STAMP) $(ALERTMANAGER) $(PROMTOOL)
-	$(BIN)/pytest
+# tests/dash/test_browser.py drives Debian's chromium through the dashboard (playwright, from
+# the dev extra, is pointed at it and never downloads a browser).
+CHROMIUM := /usr/bin/chromium
+
+$(CHROMIUM):
+	@if [ "$$(id -u)" = 0 ]; then \
+		(apt-get install -y -qq chromium >/dev/null 2>&1 \
+		 || (apt-get update -qq && apt-get install -y -qq chromium)) >/dev/null; \
+	else \
+		echo "the tests need chromium: sudo apt-get install chromium"; \
+		exit 1; \
+	fi
+
+# The tests' PostgreSQL: the one at $$FLEETGATE_TEST_PG_DSN (default 127.0.0.1:5432) when it
+# answers, else tests/pg/with_postgres.py starts a throwaway one (Debian's server: initdb in a
+# temporary directory, a free loopback port) and stops it when pytest ends.
+PG_INITDB = $(firstword $(wildcard /usr/lib/postgresql/*/bin/initdb))
+
+.PHONY: pg-server
+pg-server: $(STAMP)
+	@if [ -z "$(PG_INITDB)" ] && ! $(BIN)/python tests/pg/with_postgres.py --answers; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			(apt-get install -y -qq postgresql >/dev/null 2>&1 \
+			 || (apt-get update -qq && apt-get install -y -qq postgresql)) >/dev/null; \
+		else \
+			echo "no PostgreSQL answers and none is installed: sudo apt-get install postgresql"; \
+			exit 1; \
+		fi; \
+	fi
+
+test: $(STAMP) $(ALERTMANAGER) $(PROMTOOL) $(CHROMIUM) pg-server
+	$(BIN)/python tests/pg/with_postgres.py -- $(BIN)/pytest
 
 lint: $(STAMP)
 	$(BIN)/ruff check controller escalation tests

@@ -57,7 +57,7 @@ def test_a_fleet_that_vanishes_from_the_listing_is_held_not_replaced(tmp_path: P
         for _ in range(40):
             ctl.tick()
         fleet = Halving(ctl.provider)
-        ctl.provider = ctl.actuator.provider = fleet
+        ctl.provider = fleet  # the listing (sensing) shrinks; the actions stay as they are
         before = {r["id"] for r in app.journal.actions.recent(10_000)}
         destroyed_before = app.sim.stats["instances_destroyed"] if app.sim else 0
         tracked = set(app.journal.fleet.history(ctl.clock()).instances)

@@ -22,7 +22,8 @@ FIELDS: dict[str, frozenset[str]] = {
             "replacing", "retiring", "command_overdue_s",
         }
     ),
-    "demand": frozenset({"id", "task", "pending", "running", "oldest_pending_s", "max_retries"}),
+    "demand": frozenset({"id", "task", "pending", "running", "oldest_pending_s", "max_retries",
+                         "forecast_pending", "forecast_horizon_s", "forecast_instances"}),
     "fleet": frozenset(
         {
             "id", "instances", "active", "serving", "booting", "dead", "drained",
@@ -136,5 +137,11 @@ def build_facts(obs: Observation, hist: History, now: float) -> list[dict[str, A
              "running": d.running, "oldest_pending_s": d.oldest_pending_s,
              "max_retries": d.max_retries}
         )  # fmt: skip
+        # demand one boot time ahead (`controller.core.forecast`), set in gather; the count
+        # of instances is at `settings.tasks_per_instance`
+        f = hist.forecasts.get(d.task)
+        if f is not None:
+            facts[-1].update(forecast_pending=round(f.pending, 3), forecast_horizon_s=f.horizon_s,
+                             forecast_instances=f.count)  # fmt: skip
     facts.extend(_instance_fact(i, hist, now) for i in obs.instances)
     return facts

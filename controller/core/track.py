@@ -2,7 +2,14 @@
 
 `advance(history, observation, now)` is pure: it returns the new per-instance tracks and the
 events this tick revealed (stage and status changes, daemon deaths and restarts, benchmarks,
-instances that vanished). The journal stores both; `facts` derives temporal fields from them.
+instances that vanished, hosts Curio timed). The journal stores both; `facts` derives temporal
+fields from them.
+
+Two rates are kept per host, apart: `host_rates`, what an instance benchmarked and reported of
+itself (a claim, bounded per GPU model), and `measured`, how fast Curio timed the host's node
+at its tasks. The launch ranking prefers the measurement once it has `MIN_MEASURED_TASKS`
+tasks; the measurement never becomes an instance's `bench_rate` (the slow-instance rules judge
+the benchmark, not the task mix).
 """
 
 from __future__ import annotations
@@ -69,8 +76,56 @@ def probe(
 class Event:
     instance_id: str
     at: float
-    kind: str  # seen, stage, status, death, restart, bench, gone
+    kind: str  # seen, stage, status, death, restart, bench, gone, measured
     detail: dict[str, Any] = field(default_factory=dict)
+
+
+MIN_MEASURED_TASKS = 3  # timed tasks before a measured rate outranks the host's claim
+MEASURED_REFRESH_S = 3600.0  # an unchanged measurement is journaled again this often
+MEASURED_CHANGE = 0.1  # ...and a changed one when it moved by this fraction
+
+
+class Measured(NamedTuple):
+    """A host as Curio timed it: its node's successful tasks in the measure window."""
+
+    machine_id: str
+    host_and_port: str  # the node, verified as the instance's (its public address)
+    instance_id: str  # the instance that ran the node when it was measured
+    tasks: int
+    busy_s: float  # seconds the node was working on them (side by side counted once)
+    rate: float  # weighted tasks per hour of working time, at most its GPUs' plausible bound
+    at: float  # when it was read
+
+    @property
+    def enough(self) -> bool:
+        return self.tasks >= MIN_MEASURED_TASKS
+
+    def detail(self) -> dict[str, Any]:
+        return {"machine_id": self.machine_id, "host_and_port": self.host_and_port,
+                "tasks": self.tasks, "busy_s": round(self.busy_s, 3),
+                "rate": round(self.rate, 6), "enough": self.enough}  # fmt: skip
+
+    @classmethod
+    def of_event(cls, instance_id: str, at: float, detail: dict[str, Any]) -> Measured:
+        return cls(str(detail["machine_id"]), str(detail.get("host_and_port") or ""),
+                   instance_id, int(detail["tasks"]), float(detail.get("busy_s") or 0.0),
+                   float(detail["rate"]), at)  # fmt: skip
+
+
+def measured_events(journaled: dict[str, Measured], sensed: dict[str, Measured],
+                    now: float) -> list[Event]:  # fmt: skip
+    """A `measured` event per host whose reading is new, crossed `MIN_MEASURED_TASKS`, moved
+    by `MEASURED_CHANGE` or was last journaled `MEASURED_REFRESH_S` ago."""
+    events = []
+    for machine in sorted(sensed):
+        m, old = sensed[machine], journaled.get(machine)
+        fresh = (
+            old is None or old.enough != m.enough or now - old.at >= MEASURED_REFRESH_S
+            or abs(m.rate - old.rate) > MEASURED_CHANGE * max(old.rate, 1e-9)
+        )  # fmt: skip
+        if fresh:
+            events.append(Event(m.instance_id, now, "measured", m.detail()))
+    return events
 
 
 BLOCK_S = 86_400.0  # a host's first block
@@ -83,7 +138,11 @@ class History:
 
     instances: dict[str, Track] = field(default_factory=dict)
     events: tuple[Event, ...] = ()  # recent events (the last few hours)
-    host_rates: dict[str, float] = field(default_factory=dict)
+    host_rates: dict[str, float] = field(default_factory=dict)  # machine -> bench claim
+    # machine -> as Curio timed it: `measured` as last journaled (recent), `measured_now` as
+    # read for this tick (empty when Curio's history was not read)
+    measured: dict[str, Measured] = field(default_factory=dict)
+    measured_now: dict[str, Measured] = field(default_factory=dict)
     host_blocks: dict[str, float] = field(default_factory=dict)  # machine -> blocked until
     host_failures: dict[str, int] = field(default_factory=dict)  # machine -> blocks so far
     launches: tuple[float, ...] = ()  # launch times, recent
@@ -91,6 +150,7 @@ class History:
     replacing: frozenset[str] = frozenset()  # new instances that replace another
     retiring: frozenset[str] = frozenset()  # old instances waiting for their replacement
     pending_launches: int = 0  # launched, not yet in the listing: capacity on its way
+    forecasts: dict[str, Any] = field(default_factory=dict)  # task -> core.forecast.Forecast
 
     def count(self, instance_id: str, kind: str, since: float) -> int:
         events = self._by_instance.get(instance_id)
@@ -115,10 +175,19 @@ class History:
         most `BLOCK_MAX_S`."""
         return min(BLOCK_S * 2.0 ** min(self.host_failures.get(machine_id, 0), 16), BLOCK_MAX_S)
 
+    def measured_rates(self) -> dict[str, float]:
+        """machine -> the rate Curio measured, for hosts with enough timed tasks: this tick's
+        reading, else the last journaled one."""
+        rates = {m: x.rate for m, x in self.measured.items() if x.enough}
+        rates.update((m, x.rate) for m, x in self.measured_now.items() if x.enough)
+        return rates
+
     def launch_rates(self) -> dict[str, float]:
-        """Measured rates to rank offers by, where a host that was ever blocked counts as known
-        slow (0.0) whatever its benchmark: once its block ends it is rented last, not first."""
+        """Rates to rank offers by: what Curio measured of a host where it timed enough tasks,
+        else the host's (bounded) benchmark claim; a host that was ever blocked counts as
+        known slow (0.0) whatever its rate: once its block ends it is rented last, not first."""
         rates = dict(self.host_rates)
+        rates.update(self.measured_rates())
         rates.update((machine, 0.0) for machine in self.host_failures)
         return rates
 
@@ -221,6 +290,8 @@ def advance(hist: History, obs: Observation, now: float, debounce: Debounce = NO
     else:
         for kept in set(hist.instances) - set(tracks):
             tracks[kept] = hist.instances[kept]
+    if hist.measured_now:
+        events += measured_events(hist.measured, hist.measured_now, now)
     return tracks, events
 
 

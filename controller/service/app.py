@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from controller.core.policy import DecideSettings
 from controller.service.config import Config
+from controller.service.sdnotify import Notifier
 from controller.service.status import status_doc
 from controller.service.tick import Controller
 from controller.sim import Simulation
@@ -26,6 +27,7 @@ from escalation.outbox import Background, Outbox, step
 
 if TYPE_CHECKING:
     from controller.service.api import Servers
+    from controller.service.dashboard import View
     from controller.sim.wire import SimWire
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,18 @@ class App:
         """`fleetgate tick`: after the tick, the outbox for at most `escalation.outbox_step_s`."""
         return step(self.outbox, self.controller.clock, self.config.escalation.outbox_step_s)
 
+    def notifier(self, environ: dict[str, str] | None = None) -> Notifier:
+        """systemd's notify socket for `fleetgate run` (a no-op outside `Type=notify`); a
+        watchdog that a tick interval could outlast is logged, as the unit then restarts a
+        healthy controller."""
+        notify = Notifier.from_env(environ)
+        wd = notify.watchdog_s
+        if notify.enabled and wd is not None and wd <= self.config.interval_s:
+            log.warning("the systemd watchdog (%.0f s) is not longer than interval_s (%.0f s): "
+                        "WatchdogSec= must exceed interval_s plus the longest tick", wd,
+                        self.config.interval_s)  # fmt: skip
+        return notify
+
     def serve_api(self) -> Servers | None:
         """Start the HTTP API when the config names one; returns the servers (stop() them).
         The instance API is on `api.instance_listen` when given, else beside the operator's."""
@@ -90,7 +104,8 @@ class App:
         apart = api.instance_listen is not None
         app = create_app(self.journal, api.token, self.controller.clock,
                          on_answer=self.controller.escalator.closed,
-                         status=lambda: status(self), routers=() if apart else routers)  # fmt: skip
+                         status=lambda: status(self), routers=() if apart else routers,
+                         view=self.view())  # fmt: skip
         servers = Servers(Server(app, *_address(api.listen)))
         if api.instance_listen is not None:
             servers.instances = Server(create_instance_app(routers), *_address(api.instance_listen))
@@ -103,6 +118,16 @@ class App:
                      servers.instance_port)  # fmt: skip
         return servers
 
+    def view(self) -> View:
+        """What the pages and /readyz read of this controller besides the journal."""
+        from controller.service.dashboard import View
+        from controller.store.lease import default_holder
+
+        return View(interval_s=self.config.interval_s, ttl_s=self.config.lease.ttl_s,
+                    holder=self.config.lease.holder or default_holder(),
+                    guards=self.config.guards, rulebook=lambda: self.controller.rules.book,
+                    public_url=self.config.api.public_url if self.config.api else None)  # fmt: skip
+
 
 def _address(listen: str) -> tuple[str, int]:
     host, _, port = listen.rpartition(":")
@@ -111,7 +136,8 @@ def _address(listen: str) -> tuple[str, int]:
 
 def decide_settings(config: Config) -> DecideSettings:
     values = {**DecideSettings().values, **config.settings}
-    return DecideSettings(gate=config.gate, guards=config.guards, values=values)
+    return DecideSettings(gate=config.gate, guards=config.guards, values=values,
+                          autonomy=config.autonomy)  # fmt: skip
 
 
 def status(app: App) -> dict[str, Any]:

@@ -4,7 +4,9 @@
    or late launches, replacement states, expired escalations), the tracks and events, and one
    row per decision worth recording (an `act` as an intent, before anything is called);
 2. act: each `act` decision through the actuator, which writes its result under its intent;
-3. escalations answered by a decision are marked with what became of the answer.
+3. escalations answered by a decision are marked with what became of the answer; a carried-out
+   `notify`, and a person's approved answer the guards vetoed, trimmed or found nothing to do
+   for, queue a notice for people in the escalation outbox (escalation.notify).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from controller.core.reconcile import Book, repeated, veto_key
 from controller.fleet.actuator import Actuator, Job
 from controller.service.plan import Planned
 from controller.store.journal import Journal
+from controller.store.outbox import OutboxStore
+from escalation.notify import answer_notice, notify_notice
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +37,7 @@ class Applied:
     refused: tuple[Doubt, ...]  # LLM answers the guards vetoed: for people now
     expired: tuple[int, ...]  # escalations closed by their deadline
     closed: tuple[int, ...]  # escalations whose answer was carried out, vetoed or void
+    noticed: tuple[int, ...] = ()  # notices queued for people (outbox job ids)
 
 
 def write(journal: Journal, planned: Planned, tick_id: int) -> list[tuple[Decision, int]]:
@@ -59,7 +64,8 @@ def _book(journal: Journal, b: Book, now: float) -> None:
     if b.op == "finish":
         journal.actions.finish(int(a["action_id"]), now, str(a["status"]), dict(a["result"]))
         log.warning("action #%s: %s %s", a["action_id"], a["status"],
-                    a["result"].get("note", ""))  # fmt: skip
+                    a["result"].get("note", ""),
+                    extra={"action_id": int(a["action_id"]), "outcome": a["status"]})  # fmt: skip
     elif b.op == "replacement":
         journal.actions.set_replacement(str(a["old_id"]), str(a["state"]), a.get("new_id"))
     elif b.op == "expire":
@@ -79,7 +85,9 @@ def act(journal: Journal, actuator: Actuator, planned: Planned, tick_id: int,
         counts[d.verdict] = counts.get(d.verdict, 0) + 1
     refused: list[Doubt] = []
     closed: list[int] = []
+    noticed: list[int] = []
     for d, action_id in rows:
+        told = False
         if d.verdict == "act":
             if check is not None:
                 check()
@@ -87,8 +95,9 @@ def act(journal: Journal, actuator: Actuator, planned: Planned, tick_id: int,
             outcome = actuator.execute(job)
             log.info("[%s] %s %s → %s%s | %s", _clock(planned.now), d.effective_action,
                      brief(d.effective_params), outcome.status, _result(outcome.result),
-                     _who(d))  # fmt: skip
+                     _who(d), extra=log_fields(d, tick_id, action_id, outcome.status))  # fmt: skip
             status = "executed" if outcome.status != "failed" else "failed"
+            told = d.effective_action == "notify" and outcome.status == "ok"
         else:
             status = {"veto": "vetoed"}.get(d.verdict, d.verdict)
         esc = d.proposal.escalation_id
@@ -98,8 +107,14 @@ def act(journal: Journal, actuator: Actuator, planned: Planned, tick_id: int,
             closed.append(esc)
             if d.verdict == "veto" and d.proposal.proposer.startswith("llm:"):
                 refused.append(_refused(d))
+        notices = [notify_notice(d, action_id, planned.now)] if told else []
+        notices += [n for n in [answer_notice(d, action_id, planned.now)] if n is not None]
+        for source, notice in notices:
+            queued = OutboxStore(journal.store).add_notice(d.proposal.escalation_id, source,
+                                                           notice, planned.now)  # fmt: skip
+            noticed += [queued] if queued is not None else []
     expired = tuple(int(b.args["esc_id"]) for b in planned.books if b.op == "expire")
-    return Applied(counts, tuple(refused), expired, tuple(closed))
+    return Applied(counts, tuple(refused), expired, tuple(closed), tuple(noticed))
 
 
 _STATUS = {"act": "intent", "veto": "vetoed", "ask": "asked", "observe": "observed"}
@@ -150,6 +165,23 @@ def _clock(now: float) -> str:
 def _result(result: dict[str, Any]) -> str:
     shown = {k: v for k, v in result.items() if k in ("launched", "replacement", "error")}
     return f" ({brief(shown)})" if shown else ""
+
+
+def log_fields(d: Decision, tick_id: int, action_id: int, outcome: str) -> dict[str, object]:
+    """The fields of an action's log line (`--log-format json` shows them): tick, action,
+    action_id, outcome, target, instance, rule, proposer and escalation when there is one."""
+    p = d.proposal
+    fields: dict[str, object] = {"tick": tick_id, "action": d.effective_action,
+                                 "action_id": action_id, "outcome": outcome,
+                                 "target": p.target, "proposer": p.proposer}  # fmt: skip
+    kind, _, ident = (p.target or "").partition(":")
+    if kind == "instance" and ident:
+        fields["instance"] = ident
+    if p.proposer.startswith("rule:"):
+        fields["rule"] = p.proposer[5:]
+    if p.escalation_id is not None:
+        fields["escalation"] = p.escalation_id
+    return fields
 
 
 def _who(d: Decision) -> str:

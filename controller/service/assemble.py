@@ -93,7 +93,8 @@ def assemble(
     # urllib3 logs request paths at DEBUG, and a webhook's path is a secret: whoever embeds
     # the controller with DEBUG logging must not leak it
     logging.getLogger("urllib3").setLevel(max(logging.getLogger("urllib3").level, logging.WARNING))
-    source = RulesSource(_rules(config, config_path, rules))  # what needs no journal comes first
+    # what needs no journal comes first; the config's settings go over the rules files' own
+    source = RulesSource(_rules(config, config_path, rules), settings=config.settings)
     with building(config_path, "escalation.templates_dir", RenderError):
         renderer = Renderer(config.escalation.templates_dir)
     channels = _channels(config, config_path, state, clock, sleep)

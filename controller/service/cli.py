@@ -2,6 +2,7 @@
 
 fleetgate [--config FILE] [--state DIR] [--log-level L] [--log-format F] COMMAND
   (the four options also after the command: `fleetgate status --state DIR`)
+  init DIR [--force]           a starter config and the shipped rules to edit, in DIR
   run [--ticks N] [--seed S]   ticks on the configured interval until stopped (or N ticks)
   tick                         exactly one tick (for cron); continues from the journal
   check [PATHS...]             validate rules and config; `path:line: message` on errors
@@ -15,7 +16,8 @@ fleetgate [--config FILE] [--state DIR] [--log-level L] [--log-format F] COMMAND
   bench sim [--ticks N] [--seed S]   time whole ticks on the simulator
   bench tick [--instances N,N] [--repeat N] [--path real|synthetic]   one tick's phases at N
   bench soak [--ticks N] [--instances N]   memory over many ticks (RSS at start and end)
-  simulate --trace FILE [--days N] [--report DIR]   replay a trace: fleetgate vs baselines
+  simulate --trace FILE | --shape short [--days N] [--report DIR]   fleetgate vs baselines
+  suggest-rules [--min-answers N] [--out DIR]   candidate rules from people's answers
   pause | resume
 
 status, actions, escalations list|show, pause and resume read the journal alone: they work
@@ -39,7 +41,7 @@ from typing import Any
 from controller.core import actions as vocabulary
 from controller.rules.rulebook import RulesError
 from controller.rules.source import read_rulebook
-from controller.service import gc_tuning, offline
+from controller.service import gc_tuning, offline, suggest_cmd
 from controller.service.app import App
 from controller.service.assemble import assemble, lease, open_journal
 from controller.service.config import Config, ConfigError, load_config, rules_paths, state_dir
@@ -76,11 +78,15 @@ def _parser() -> argparse.ArgumentParser:
         help="share of probes that must pass (default: escalation.llm.check_threshold)",
     )
     simulate_command.add_parser(sub)
+    suggest_cmd.add_parser(sub)
     sub.add_parser("pause", help="stop acting (decisions are still made and recorded)")
     sub.add_parser("resume", help="act again")
     prune = sub.add_parser("prune", help="delete journal rows older than retention.days")
     prune.add_argument("--days", type=float, help="keep this many days (default: the config's)")
     prune.add_argument("--dry-run", action="store_true", help="count, delete nothing")
+    init = sub.add_parser("init", help="write a starter config and the shipped rules into DIR")
+    init.add_argument("dir", metavar="DIR")
+    init.add_argument("--force", action="store_true", help="overwrite files already there")
     _share_common(p)
     return p
 
@@ -322,6 +328,10 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     if args.command == "simulate":
         return simulate_command.simulate(args)
+    if args.command == "suggest-rules":
+        return suggest_cmd.run(args)
+    if args.command == "init":
+        return _init(args)
     if offline.wants_offline(args.command, getattr(args, "esc_command", None)):
         return _offline(args)
     config = load_config(args.config)
@@ -394,7 +404,7 @@ def _with_app(app: App, args: argparse.Namespace) -> int:
         runner = Runner(tick, app.config.interval_s, args.ticks, on_hup=hup.request,
                         lease=lease(app.config, app.journal),
                         renew_s=app.config.lease.renew_s,
-                        outbox=app.outbox_thread())  # fmt: skip
+                        outbox=app.outbox_thread(), notify=app.notifier())  # fmt: skip
         log.info(
             "fleetgate running: %s, rules %s, every %.2fs%s",
             app.config.provider,
@@ -477,6 +487,23 @@ def _prune(args: argparse.Namespace, config: Config, state: Path) -> int:
     verb = "would delete" if args.dry_run else "deleted"
     rows = ", ".join(f"{n} {t}" for t, n in found.items()) or "nothing"
     print(f"{verb} {rows} (older than {days:g} days before the last tick)")
+    return 0
+
+
+def _init(args: argparse.Namespace) -> int:
+    """`fleetgate init DIR` (controller/service/initdir.py); 1 when it would overwrite."""
+    from controller.service.initdir import InitError, init
+
+    try:
+        written = init(Path(args.dir), force=args.force)
+    except InitError as exc:
+        print(f"fleetgate init: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {written.config} and {len(written.rules)} rules file(s) with "
+          f"{len(written.tests)} test file(s) in {written.config.parent / 'rules'}")  # fmt: skip
+    print("next:")
+    for command in written.next_commands(str(written.config)):
+        print(f"  {command}")
     return 0
 
 

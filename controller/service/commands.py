@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from controller.rules.durations import show_duration
 from controller.rules.rulebook import RulesError
 from controller.rules.ruletest import run_files
 from controller.service import llm_reader
@@ -53,6 +54,8 @@ def check(args: argparse.Namespace, config: Config) -> int:
     try:
         book, escalator = app.controller.rules.book, app.controller.escalator
         llm = config.escalation.llm
+        for warning in book.warnings:  # conditions that can never match: worth a look, no error
+            print(f"warning: {warning}", file=sys.stderr)
         print(f"ok: {len(book.rules)} rules in {len(book.paths)} file(s), digest {book.digest}; "
               f"provider {config.provider}, demand {config.demand}, "
               f"{len(escalator.notifier.channels)} channel(s), "
@@ -96,6 +99,17 @@ def explain_doc(p: Planned) -> dict[str, Any]:
             {"kind": d.kind, "subject": d.subject, "summary": d.summary} for d in p.doubts
         ],
         "unmatched": list(p.decided.unmatched),
+        "pending": [
+            {
+                "rule": w.rule,
+                "subject": w.subject,
+                "since": w.since,
+                "for_s": w.for_s,
+                "held_s": w.held_s,
+                "left_s": w.left_s,
+            }
+            for w in p.waiting
+        ],  # fmt: skip
     }
 
 
@@ -133,6 +147,13 @@ def explain(app: App, as_json: bool) -> int:
         print(f"  {m.rule:<34} ← {', '.join(m.facts.values())}")
     if not rules:
         print("  (none)")
+    if planned.waiting:
+        print("\nwaiting (for:):")
+    for w in planned.waiting:
+        print(
+            f"  {w.rule:<34} ← {w.subject}: held {show_duration(w.held_s)} of "
+            f"{show_duration(w.for_s)}, fires in {show_duration(w.left_s)}"
+        )
     print("\nplan:")
     for d in doc["plan"]:
         print(
@@ -225,6 +246,10 @@ def print_status(st: dict[str, Any]) -> None:
     }
     print(f"demand: {_brief(queue)}")
     print(f"pending escalations: {st['pending_escalations']}")
+    for line in [s["text"] for s in st.get("autonomy", {}).get("suggestions", [])]:
+        print(f"autonomy suggestion: {line}")
+    for d in st.get("autonomy", {}).get("demoted", []):
+        print(f"autonomy: {d['action']} ({d['kind']}) demoted to propose: {d['why']}")
     lead = st["leader"]
     if lead["live"]:
         print(f"leader: {lead['holder']} (token {lead['token']}, lease "

@@ -29,7 +29,7 @@ from pydantic import (
 )
 
 from controller.core.fields import RESOLVER, Secret
-from controller.core.policy import Gate, Guards
+from controller.core.policy import Autonomy, Gate, Guards
 from controller.fleet.curio import CurioSettings
 from controller.fleet.health import InstancesSettings
 from controller.fleet.vast import VastSettings
@@ -175,9 +175,13 @@ class Config(_Strict):
     instances: InstancesSettings | None = None
     sim: SimSection = SimSection()
     gate: Gate = Gate()
+    autonomy: Autonomy = Field(Autonomy(), description="the track record's thresholds: "
+                               "when to suggest promoting an action to act")  # fmt: skip
     guards: Guards = Guards()
     settings: dict[str, Any] = Field(
-        default_factory=dict, description="values rules read as settings.NAME (merged over ours)"
+        default_factory=dict,
+        description="values rules read as settings.NAME, in conditions ({setting: NAME}) and "
+        "parameters; over the rules files' own `settings` and ours",
     )
     escalation: EscalationSection = EscalationSection()
     api: ApiSection | None = None

@@ -12,10 +12,11 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
+from controller.core import forecast
 from controller.core.model import Observation, Proposal, SensorStatus
 from controller.core.reconcile import VETO_REPEAT_S, veto_key
 from controller.core.sanity import check_listing
-from controller.core.track import History
+from controller.core.track import History, Measured
 from controller.fleet.base import DemandSensor, ProviderError, Sensed, SensorError, StaleReading
 from controller.store.journal import Journal
 from escalation import approvals
@@ -41,10 +42,14 @@ class Gathered:
 
 
 def gather(journal: Journal, provider: Sensed, demand: DemandSensor, now: float, *,
-           pending_s: float) -> Gathered:  # fmt: skip
-    """One read of history, then sensing (`sense`), then the listing's sanity check."""
+           pending_s: float, boot_s: float = forecast.DEFAULT_BOOT_S,
+           tasks_per_instance: float = 2) -> Gathered:  # fmt: skip
+    """One read of history, then sensing (`sense`), then the listing's sanity check; then
+    the demand forecast one boot time ahead (`boot_s` until the fleet's own boots say)."""
     with journal.store.snapshot():  # one read: every row as of one moment
         hist = journal.fleet.history(now)
+        horizon = forecast.boot_horizon(forecast.boot_samples(hist.instances.values()), boot_s)
+        demand_history = journal.demand.series(forecast.spans(now, horizon))
         destroyed = journal.actions.destroyed_since(now - 3600)
         launches = journal.actions.recent_launches(now - pending_s)
         ours = [str(r["result"]["instance"]) for r in launches if r["result"].get("instance")]
@@ -54,9 +59,16 @@ def gather(journal: Journal, provider: Sensed, demand: DemandSensor, now: float,
         approved = tuple(approvals.approved_proposals(journal))
         pending = tuple(journal.escalations.recent(status="pending"))
         vetoes = recent_vetoes(journal, now)
+        measured = recent_measured(journal, now)
         paused = bool(journal.meta.get("paused", False))
     sensed = sense(provider, demand, now, hist.instances, destroyed)
+    # rates Curio measured: data for the plan (journaled as `measured` events by `advance`)
+    hist = replace(hist, measured=measured, measured_now=dict(getattr(provider, "measured", {})))
     obs = check_listing(sensed, hist.instances, [*destroyed, *sensed.confirmed_gone])
+    if obs.sensor_ok("demand"):
+        current = {d.task: float(d.pending + d.running) for d in obs.demand}
+        hist = replace(hist, forecasts=forecast.by_task(demand_history, current, now, horizon,
+                                                        tasks_per_instance))  # fmt: skip
     return Gathered(now, hist, obs, intents, tuple(launches), frozenset(seen), replacements,
                     approved, pending, vetoes, paused)  # fmt: skip
 
@@ -68,6 +80,21 @@ def recent_vetoes(journal: Journal, now: float) -> frozenset[tuple[str, ...]]:
         "AND escalation_id IS NULL", (now - VETO_REPEAT_S,))  # fmt: skip
     return frozenset(veto_key(str(r["action"]), str(r["target"]), str(r["guard"] or ""),
                               json.loads(r["params"])) for r in rows)  # fmt: skip
+
+
+MEASURED_KEEP_S = 7 * 86_400.0  # a host's last measurement ranks it this long after
+
+
+def recent_measured(journal: Journal, now: float) -> dict[str, Measured]:
+    """Each host's latest `measured` event within MEASURED_KEEP_S, by machine id."""
+    rows = journal.store.query(
+        "SELECT instance_id, at, detail FROM events WHERE kind = 'measured' AND at >= ? "
+        "ORDER BY at, id", (now - MEASURED_KEEP_S,))  # fmt: skip
+    out: dict[str, Measured] = {}
+    for r in rows:
+        m = Measured.of_event(str(r["instance_id"]), float(r["at"]), json.loads(r["detail"]))
+        out[m.machine_id] = m
+    return out
 
 
 def sense(provider: Sensed, demand: DemandSensor, now: float,

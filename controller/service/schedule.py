@@ -32,6 +32,7 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.base import BaseTrigger
 
+from controller.service.sdnotify import Notifier
 from controller.store.backend import JournalError, StaleLeader
 from controller.store.lease import Lease, read
 from escalation.outbox import Background
@@ -62,7 +63,8 @@ class Runner:
 
     def __init__(self, tick: Callable[[], Any], interval_s: float, max_ticks: int | None = None,
                  on_hup: Callable[[], None] | None = None, lease: Lease | None = None,
-                 renew_s: float = 5.0, outbox: Background | None = None):  # fmt: skip
+                 renew_s: float = 5.0, outbox: Background | None = None,
+                 notify: Notifier | None = None):  # fmt: skip
         self.tick = tick
         self.on_hup = on_hup
         self.interval_s = interval_s
@@ -70,6 +72,7 @@ class Runner:
         self.lease = lease
         self.renew_s = renew_s
         self.outbox = outbox  # the escalation outbox's thread: started and stopped with the ticks
+        self.notify = notify or Notifier(None)  # systemd (controller/service/sdnotify.py)
         self.done = 0
         self.failed = 0
         self.standby = 0  # ticks skipped while another controller leads
@@ -91,6 +94,7 @@ class Runner:
             return
         if self.lease is not None and not self.lease.may_act():
             self.standby += 1
+            self.notify.watchdog()
             return
         try:
             self.tick()
@@ -101,6 +105,8 @@ class Runner:
         except Exception:  # noqa: BLE001 - one bad tick must not end the service
             self.failed += 1
             log.exception("tick failed; the next one runs on schedule")
+        if not self.stop.is_set():  # alive: a tick that fails still came back
+            self.notify.watchdog()
         self.done += 1
         if self.max_ticks is not None and self.done >= self.max_ticks:
             self.stop.set()
@@ -114,9 +120,16 @@ class Runner:
             if leading:
                 if not was and self._scheduler is not None:  # took over: tick at once
                     self._scheduler.modify_job("tick", next_run_time=datetime.now(UTC))
+                if not was:
+                    self.notify.ready(f"leading as {self.lease.holder}")
                 return self.renew_s
             state = read(self.lease.journal, self.lease.name, ttl_s=self.lease.ttl_s)
             left = state.expires_in_s
+            if not self.stop.is_set():  # after STOPPING=1, nothing more
+                if not self.notify.ready_sent or was:
+                    self.notify.ready(f"standing by: lease {self.lease.name!r} held by "
+                                      f"{state.holder}")  # fmt: skip
+                self.notify.watchdog()  # the standby loop is alive
             if self._seen != (state.holder, state.token):
                 self._seen = (state.holder, state.token)
                 log.warning("standing by: lease %r is held by %s (token %d, %.0f s left)",
@@ -162,8 +175,10 @@ class Runner:
         trigger = self._trigger
         keeper = None
         if self.lease is not None:
-            self._renew()  # lead (or not) before the first tick
+            self._renew()  # lead (or not) before the first tick; READY=1 either way
             keeper = threading.Thread(target=self._lease_loop, name="lease", daemon=True)
+        else:
+            self.notify.ready("leading (no lease)")
         scheduler.add_job(self._job, trigger, id="tick", next_run_time=datetime.now(UTC))
         self._scheduler = scheduler
         previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
@@ -180,6 +195,7 @@ class Runner:
             while not self.stop.wait(0.2):
                 self._watch()
         finally:
+            self.notify.stopping("finishing the current tick")
             scheduler.shutdown(wait=True)  # lets a tick in progress finish
             if self.outbox is not None:
                 self.outbox.stop()  # the job in progress gets a grace, then waits for the next run

@@ -30,14 +30,15 @@ from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from controller.core.decide import Doubt
-from controller.core.model import Proposal
+from controller.core.forecast import DEFAULT_BOOT_S
+from controller.core.model import Demand, Proposal
 from controller.core.policy import DecideSettings
 from controller.core.reconcile import followups, serving
 from controller.core.track import NO_DEBOUNCE, Debounce
 from controller.fleet.actuator import Actuator
 from controller.fleet.base import Actuated, DemandSensor, Sensed
 from controller.rules.source import RulesSource
-from controller.service import apply
+from controller.service import apply, autonomy
 from controller.service.clockwatch import ClockWatch, Jump
 from controller.service.gather import Gathered, gather, sense
 from controller.service.plan import Planned, plan
@@ -98,12 +99,18 @@ class Controller:
         self._standing: tuple[Doubt, ...] = ()  # doubts that hold while the process runs
 
     def gather(self, now: float) -> Gathered:
+        values = self.settings.values  # the forecast's default boot time and its sizing
         return gather(self.journal, self.provider, self.demand, now,
-                      pending_s=self.settings.guards.launch_pending_s)  # fmt: skip
+                      pending_s=self.settings.guards.launch_pending_s,
+                      boot_s=float(values.get("forecast_boot_s", DEFAULT_BOOT_S)),
+                      tasks_per_instance=float(values.get("tasks_per_instance", 2)))  # fmt: skip
 
     def plan(self, now: float, extra: Sequence[Proposal] = ()) -> Planned:
         """Gather and plan: nothing is stored or changed."""
-        return plan(self.gather(now), self.rules, self.settings, extra, self.debounce)
+        holds = self.journal.rule_pending.load()  # since when each `for:` condition has held
+        # the track record's demotions in force (controller/service/autonomy.py)
+        settings, self.escalator.gate = autonomy.in_force(self.journal, self.settings)
+        return plan(self.gather(now), self.rules, settings, extra, self.debounce, holds)
 
     def tick(self) -> Planned:
         """Steps 1-5; a failure counts towards `FAILURES_TO_ESCALATE` and is raised."""
@@ -133,6 +140,9 @@ class Controller:
         if held is not None:
             return self._hold(planned, tick_id, held)
         rows = apply.write(self.journal, planned, tick_id)
+        self.journal.rule_pending.save(planned.pending)  # `for:` clocks, kept across restarts
+        if planned.observation.sensor_ok("demand"):  # what the next forecasts learn from
+            self.journal.demand.record(now, planned.observation.demand, planned.history.forecasts)
         save_learned = getattr(self.provider, "save_learned", None)
         if save_learned is not None:  # links between agents and instances, learned sensing
             save_learned()
@@ -147,13 +157,17 @@ class Controller:
             return self._hold(planned, tick_id, self._lost_doubt())
         for esc_id in (*done.expired, *done.closed):
             self.escalator.closed(esc_id)
+        if done.noticed and self.escalator.after_write is not None:  # notices for people
+            self.escalator.after_write(now)
         summary = self._escalate(planned, done)
+        autonomy.review(self.journal, self.settings, now)  # demotions at once; promotions suggested
         self.journal.meta.finish_tick(tick_id, self.clock(), summary)  # the real end, after acting
         if tick_id % 10 == 0:
             log.info(
                 "[%s] tick %d: %s instance(s), %s task(s) pending, $%s/h, %d escalation(s) pending",
                 _clock(now), tick_id, summary["instances"], summary["pending"],
                 summary["spend_per_h"], len(self.journal.escalations.recent(status="pending")),
+                extra={"tick": tick_id},
             )  # fmt: skip
         if self.after_tick:
             self.after_tick()
@@ -180,6 +194,9 @@ class Controller:
             "pending": fleet.get("pending"),
             "spend_per_h": fleet.get("spend_per_h"),
             "running_tasks": fleet.get("running_tasks"),
+            # what /readyz and the dashboard show: each sensor's state, the queue per task
+            "sensors": {s.name: s.state for s in planned.observation.sensors},
+            "demand": [_queue(d) for d in planned.observation.demand[:50]],
             "foreign": [
                 {"id": i.id, "label": i.label, "status": i.status}
                 for i in planned.observation.foreign[:20]
@@ -224,7 +241,7 @@ class Controller:
     def _hold(self, planned: Planned, tick_id: int, doubt: Doubt | None) -> Planned:
         """The tick acts on nothing: `doubt` goes to people, and the tick is recorded."""
         assert doubt is not None
-        log.error("tick %d held: %s", tick_id, doubt.summary)
+        log.error("tick %d held: %s", tick_id, doubt.summary, extra={"tick": tick_id})
         fleet = planned.by_id.get("fleet", {})
         try:
             raised = self.escalator.raise_all([doubt], fleet, self._budget(fleet, planned),
@@ -259,6 +276,12 @@ class Controller:
             - planned.history.launches_since(planned.now - 3600),
             "max_instances": lim.max_instances,
         }
+
+
+def _queue(d: Demand) -> dict[str, Any]:
+    """One task's queue as the tick's summary keeps it."""
+    return {"task": d.task, "pending": d.pending, "running": d.running,
+            "oldest_pending_s": round(d.oldest_pending_s, 1)}  # fmt: skip
 
 
 def _clock(now: float) -> str:

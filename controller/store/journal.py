@@ -8,6 +8,8 @@ aggregate, each a narrow interface over its own tables:
     journal.escalations  escalations and their deliveries
     journal.fleet        tracks, events, hosts; the history a tick decides from
     journal.llm          LLM calls and the budget's usage
+    journal.rule_pending rules waiting out their `for:` (since when each condition has held)
+    journal.demand       demand and its forecast per tick (what the forecast learns from)
 
 The leader lease (`controller/store/lease.py`) and the instance records
 (`controller/store/records.py`) work on the same store through `tx()`.
@@ -33,10 +35,12 @@ from controller.store.backend import (
     Tx,
     statements,
 )
+from controller.store.demand import DemandHistory
 from controller.store.escalations import Escalations
 from controller.store.fleet import Fleet
 from controller.store.llm_usage import LlmUsage
 from controller.store.meta import Meta
+from controller.store.rule_pending import RulePending
 
 __all__ = ["Journal", "JournalError", "StaleLeader"]
 
@@ -56,8 +60,11 @@ class Journal:
         self.escalations = Escalations(self.store)
         self.fleet = Fleet(self.store)
         self.llm = LlmUsage(self.store)
+        self.rule_pending = RulePending(self.store)
+        self.demand = DemandHistory(self.store)
         if not read_only:
-            self._create((self.meta, self.actions, self.escalations, self.fleet, self.llm))
+            self._create((self.meta, self.actions, self.escalations, self.fleet, self.llm,
+                          self.demand, self.rule_pending))  # fmt: skip  # fmt: skip
 
     def _create(self, parts: tuple[Aggregate, ...]) -> None:
         self.store.create(statements("".join(p.SCHEMA for p in parts) + lease.SCHEMA))

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from controller.sim.stats import per_situation_line
 from controller.tools.replay.results import BaselineParams, Outcome, label
 
 COST_GOAL = 1.15  # fleetgate's cost at most this many times the oracle's
@@ -93,11 +94,25 @@ def render(doc: dict[str, Any]) -> str:
         f"fleetgate actions: {acts}",
         f"escalations: {fg['escalations']}{f' ({kinds})' if kinds else ''}; "
         f"LLM calls: {fg['llm_calls']}; answers: {_answers(fg['answers'], doc)}",
+        per_situation_line(fg["per_situation"]),
+        _forecast_line(fg.get("forecast")),
         f"wall time: {doc['wall_s']['total']:.1f} s (fleetgate ticks "
         f"{doc['wall_s']['fleetgate']:.1f} s, {doc['ticks_per_s']:.0f} ticks/s)",
         _goal_line(doc["goals"], deadline),
     ]
     return "\n".join(lines)
+
+
+def _forecast_line(f: dict[str, Any] | None) -> str:
+    """The demand forecast's error against what was there one horizon later."""
+    if not f or not f.get("n"):
+        return "forecast: none scored (no forecast has reached its horizon)"
+    mape = "-" if f["mape"] is None else f"{100 * f['mape']:.1f} %"
+    naive = "-" if f["naive_mape"] is None else f"{100 * f['naive_mape']:.1f} %"
+    return (
+        f"forecast (demand one boot time ahead, {f['n']} ticks scored): MAE {f['mae']:.2f} "
+        f"tasks, MAPE {mape}; demand-stays-as-now: MAE {f['naive_mae']:.2f}, MAPE {naive}"
+    )
 
 
 def _answers(answers: dict[str, int], doc: dict[str, Any]) -> str:

@@ -27,10 +27,12 @@ from typing import Any
 
 from tqdm import tqdm
 
+from controller.core.forecast import forecast_error
 from controller.service.app import App
 from controller.service.assemble import assemble
 from controller.service.config import Config
 from controller.sim import Simulation
+from controller.sim.stats import per_situation
 from controller.sim.trace import TraceTask
 from controller.tools.replay import operator
 from controller.tools.replay.results import Outcome, Sample
@@ -212,7 +214,7 @@ def waits_and_censored(sim: Simulation) -> tuple[list[float], int]:
 def journal_counts(app: App) -> dict[str, Any]:
     """From the journal: decisions acted on by kind (a `launch count=3` is one; the launches it
     made, and a replace's launch, are `instance_launches`), their outcomes, every decision's
-    verdict, escalations by kind and by how they ended, LLM calls."""
+    verdict, escalations by kind and by how they ended, LLM calls, the forecast's error."""
     everything = app.journal.actions.recent(limit=sys.maxsize)
     acted = [a for a in everything if a["verdict"] == "act" and a["parent_id"] is None]
     parts = [a for a in everything if a["parent_id"] is not None and a["action"] == "launch"]
@@ -226,6 +228,11 @@ def journal_counts(app: App) -> dict[str, Any]:
         "escalations": len(escalations),
         "escalations_by_kind": dict(sorted(Counter(e["kind"] for e in escalations).items())),
         "llm_calls": len(app.journal.llm.llm_calls()),
+        "per_situation": per_situation(
+            escalations, app.journal.llm.llm_calls(), app.controller.escalator.jobs.jobs()
+        ),
+        # the demand forecast (task all) against the demand one horizon later
+        "forecast": forecast_error(app.journal.demand.scored("all")),
     }
 
 
