@@ -34,7 +34,16 @@ ACTIONS = [
     ("destroy", "intent", "someone typed this: drop everything", "other"),
 ]
 TICKS = [(100.0, 101.5), (160.0, 160.2), (220.0, None), (280.0, 283.0), (340.0, None)]
-SUMMARY = {"instances": 7, "pending": 42, "spend_per_h": 12.5, "running_tasks": 5}
+SUMMARY = {
+    "instances": 7, "pending": 42, "spend_per_h": 12.5, "running_tasks": 5,
+    # as the tick writes them (controller/service/tick.py `_queue`, the sensors' states)
+    "demand": [{"task": "all", "pending": 42, "running": 5, "oldest_pending_s": 610.5,
+                "forecast_pending": 50.25, "forecast_horizon_s": 1800.0},
+               {"task": "PoRep", "pending": 40, "running": 5, "oldest_pending_s": 610.5},
+               {"task": "Win Post!", "pending": 2, "running": 0, "oldest_pending_s": 30.0},
+               {"task": "Odd Task?", "pending": 1, "running": 1, "oldest_pending_s": 90.0}],
+    "sensors": {"provider": "ok", "demand": "stale"},
+}  # fmt: skip
 
 
 def _track(i: str, stage: str, status: str) -> Track:
@@ -122,6 +131,21 @@ def test_metrics_scrape_passes_promtool_and_matches_the_journal(
     assert got[("fleetgate_pending_tasks", ())] == SUMMARY["pending"]
     assert got[("fleetgate_running_tasks", ())] == SUMMARY["running_tasks"]
     assert got[("fleetgate_spend_per_hour", ())] == SUMMARY["spend_per_h"]
+
+    # the queue per task (a name that is not a label value is `other`), its forecast
+    assert got[("fleetgate_task_pending", (("task", "all"),))] == 42
+    assert got[("fleetgate_task_pending", (("task", "PoRep"),))] == 40
+    assert got[("fleetgate_task_pending", (("task", "other"),))] == 2 + 1  # one series
+    assert got[("fleetgate_task_oldest_pending_seconds", (("task", "other"),))] == 90.0
+    assert got[("fleetgate_task_running", (("task", "PoRep"),))] == 5
+    assert got[("fleetgate_task_oldest_pending_seconds", (("task", "all"),))] == 610.5
+    assert got[("fleetgate_task_forecast", (("task", "all"),))] == 50.25
+    assert ("fleetgate_task_forecast", (("task", "PoRep"),)) not in got
+    # one series per sensor and state, 1 for the state it is in
+    states = {k[1]: v for k, v in got.items() if k[0] == "fleetgate_sensor_state"}
+    assert states == {(("sensor", s), ("state", st)): float(st == now)
+                      for s, now in SUMMARY["sensors"].items()  # type: ignore[union-attr]
+                      for st in ("ok", "stale", "failed")}  # fmt: skip
 
     # escalations by kind and status; the oldest pending one
     assert got[("fleetgate_escalations", (("kind", "unmatched"), ("status", "pending")))] == 2

@@ -16,6 +16,9 @@ itself chose (action kinds, statuses, stages); anything else is `other`, never f
     fleetgate_instances{stage,status}            the tracked instances
     fleetgate_fleet_instances, fleetgate_pending_tasks, fleetgate_running_tasks,
     fleetgate_spend_per_hour                     from the last finished tick's summary
+    fleetgate_task_pending{task}, fleetgate_task_running{task},
+    fleetgate_task_oldest_pending_seconds{task}, fleetgate_task_forecast{task},
+    fleetgate_sensor_state{sensor,state}         the same summary's queue per task, sensors
     fleetgate_lease_live{lease}, fleetgate_lease_seconds_left{lease}
 
 Timestamps are the controller's clock (seconds since the epoch). A journal that cannot be read
@@ -206,6 +209,8 @@ class JournalCollector(Collector):
             value = _number(summary.get(field))
             if value is not None:
                 yield GaugeMetricFamily(name, doc, value=value)
+        yield from _per_task(summary.get("demand"))
+        yield from _sensors(summary.get("sensors"))
 
     # ---- leadership ------------------------------------------------------------------------
     def _lease(self) -> Iterator[Metric]:
@@ -218,6 +223,50 @@ class JournalCollector(Collector):
                                  "lease expires (0 once expired).", labels=("lease",))  # fmt: skip
         left.add_metric((self.lease_name,), max(0.0, state.expires_in_s) if state.live else 0.0)
         yield left
+
+
+PER_TASK = (
+    ("pending", "fleetgate_task_pending", "Tasks of this name queued, as of the last tick."),
+    ("running", "fleetgate_task_running", "Tasks of this name running, as of the last tick."),
+    ("oldest_pending_s", "fleetgate_task_oldest_pending_seconds",
+     "Age of the oldest queued task of this name, as of the last tick (0: none queued)."),
+    ("forecast_pending", "fleetgate_task_forecast",
+     "Pending + running forecast one boot time ahead, as of the last tick."),
+)  # fmt: skip
+SENSOR_STATES = ("ok", "stale", "failed")
+
+
+def _per_task(queues: Any) -> Iterator[Metric]:
+    """The last tick's queue per task name (`task="all"` is the total)."""
+    rows = [q for q in queues if isinstance(q, dict)] if isinstance(queues, list) else []
+    for field, name, doc in PER_TASK:
+        family = GaugeMetricFamily(name, doc, labels=("task",))
+        values: dict[str, float] = {}  # names that are not label values all become `other`
+        for q in rows:
+            value = _number(q.get(field))
+            if value is not None:
+                label = name_label(q.get("task"))
+                was = values.get(label)
+                if was is None:
+                    values[label] = value
+                elif field == "oldest_pending_s":
+                    values[label] = max(was, value)
+                else:
+                    values[label] = was + value
+        for label, value in sorted(values.items()):
+            family.add_metric((label,), value)
+        yield family
+
+
+def _sensors(states: Any) -> Iterator[Metric]:
+    """One series per sensor and state, 1 for the state it was in at the last tick."""
+    family = GaugeMetricFamily("fleetgate_sensor_state", "1 for the state each sensor was in "
+                               "at the last tick.", labels=("sensor", "state"))  # fmt: skip
+    if isinstance(states, dict):
+        for sensor, state in sorted(states.items()):
+            for known in SENSOR_STATES:
+                family.add_metric((name_label(sensor), known), 1.0 if state == known else 0.0)
+    yield family
 
 
 def metrics_router(journal: Journal) -> APIRouter:

@@ -196,7 +196,10 @@ class Controller:
             "running_tasks": fleet.get("running_tasks"),
             # what /readyz and the dashboard show: each sensor's state, the queue per task
             "sensors": {s.name: s.state for s in planned.observation.sensors},
-            "demand": [_queue(d) for d in planned.observation.demand[:50]],
+            "demand": [
+                _queue(d, planned.history.forecasts.get(d.task))
+                for d in planned.observation.demand[:50]
+            ],  # fmt: skip
             "foreign": [
                 {"id": i.id, "label": i.label, "status": i.status}
                 for i in planned.observation.foreign[:20]
@@ -278,10 +281,15 @@ class Controller:
         }
 
 
-def _queue(d: Demand) -> dict[str, Any]:
-    """One task's queue as the tick's summary keeps it."""
-    return {"task": d.task, "pending": d.pending, "running": d.running,
-            "oldest_pending_s": round(d.oldest_pending_s, 1)}  # fmt: skip
+def _queue(d: Demand, forecast: Any = None) -> dict[str, Any]:
+    """One task's queue as the tick's summary keeps it, with its forecast (pending + running
+    one boot time ahead, `controller.core.forecast.Forecast`) when there is one."""
+    queue: dict[str, Any] = {"task": d.task, "pending": d.pending, "running": d.running,
+                             "oldest_pending_s": round(d.oldest_pending_s, 1)}  # fmt: skip
+    if forecast is not None:
+        queue["forecast_pending"] = round(float(forecast.pending), 2)
+        queue["forecast_horizon_s"] = float(forecast.horizon_s)
+    return queue
 
 
 def _clock(now: float) -> str:

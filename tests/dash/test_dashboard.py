@@ -150,6 +150,10 @@ def _shows_the_journal(deck: Deck) -> None:
         assert (
             f"<tr><td>{q['task']}</td><td>{q['pending']}</td><td>{q['running']}</td>" in page.text
         )
+    # with the forecast one boot time ahead, from the journal's demand history
+    forecast = [q for q in last["summary"]["demand"] if q["task"] == "all"][0]
+    assert forecast["forecast_horizon_s"] > 0
+    assert f"<td>{forecast['forecast_pending']} in " in page.text
     # recent actions with who proposed them
     acts = j.actions.recent(30)
     assert acts
