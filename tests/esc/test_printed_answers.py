@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -118,3 +119,42 @@ def test_the_links_open_a_get_page(api: tuple[str, Journal], template: str, wher
     page = requests.get(url, timeout=10)
     assert page.status_code == 200
     assert page.json()["status"] == "pending" and "escalations approve" in page.json()["answer"]
+
+
+def cli_line(text: str, verb: str) -> str:
+    """The `fleetgate ... escalations <verb> N` line as the message prints it."""
+    [line] = re.findall(rf"^(?:Approve|Deny): +(fleetgate .*escalations {verb} \d+.*)$", text,
+                        re.MULTILINE)  # fmt: skip
+    return line
+
+
+@pytest.mark.parametrize("template", ["message.txt.j2", "email.txt.j2"])
+def test_the_printed_fleetgate_lines_work_as_pasted(tmp_path: Path, template: str) -> None:
+    """The approve and deny commands a message prints, run by bash in a directory of their
+    own, with `fleetgate` found on PATH as an installed command is."""
+    from controller.service.assemble import cli_prefix
+
+    state = tmp_path / "some state"  # a space, so the printed line must quote it
+    state.mkdir()
+    j = Journal(state / "journal.db")
+    try:
+        e = Escalator(j, Notifier([], Renderer()), window_s=60, deadline_s=1900,
+                      cli_prefix=cli_prefix(None, state))  # fmt: skip
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+        first, second = raise_one(j), raise_one(j)
+        approve = cli_line(message(e, j, first, template), "approve")
+        assert approve.endswith(f"approve {first}")  # proposal 1 without --action
+        run = subprocess.run(["bash", "-c", approve], env=env, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert run.returncode == 0, run.stdout + run.stderr
+        [p] = approvals.approved_proposals(j)  # what the next tick's apply receives
+        assert (p.action, p.params["instance"]) == ("reboot", "7")
+        assert p.proposer.startswith("human:")  # the person at the shell: the login's name
+        deny = cli_line(message(e, j, second, template), "deny")
+        run = subprocess.run(["bash", "-c", deny], env=env, cwd=tmp_path, capture_output=True,
+                             text=True, timeout=60)  # fmt: skip
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert j.escalations.escalation(second)["status"] == "denied"
+        assert len(approvals.approved_proposals(j)) == 1
+    finally:
+        j.close()
