@@ -232,3 +232,38 @@ def test_simulate_reports_the_forecasts_error(
     assert err["mae"] is not None and err["mae"] >= 0 and err["naive_mae"] is not None
     assert f"MAE {err['mae']:.2f} tasks" in printed
     assert doc["shape"] == "short" and doc["tasks"] > 500
+
+
+def test_a_tick_reuses_the_forecast_while_what_it_is_made_from_holds(tmp_path: Path) -> None:
+    from controller.service.gather import FORECAST_EVERY_S, ForecastCache, gather
+
+    config = load_config(str(NO_FAULTS))
+    state = tmp_path / "state"
+    state.mkdir()
+    trace = state / "trace.csv"
+    write_tasks(trace, [TraceTask(0.0, 60.0)])
+    app = assemble(trace_config(config, trace), state=state, clock=time.time, sleep=time.sleep,
+                   seed=3)  # fmt: skip
+    try:
+        c = app.controller
+        c.tick()
+        reads: list[object] = []
+        series = c.journal.demand.series
+
+        def counted(spans: object) -> object:
+            reads.append(spans)
+            return series(spans)  # type: ignore[arg-type]
+
+        c.journal.demand.series = counted  # type: ignore[method-assign]
+        cache, now = ForecastCache(), 10 * FORECAST_EVERY_S
+        first = gather(c.journal, c.provider, c.demand, now, pending_s=600, cache=cache)
+        again = gather(c.journal, c.provider, c.demand, now + 60, pending_s=600, cache=cache)
+        assert len(reads) == 1 and again.history.forecasts == first.history.forecasts
+        later = gather(c.journal, c.provider, c.demand, now + FORECAST_EVERY_S, pending_s=600,
+                       cache=cache)  # fmt: skip
+        assert len(reads) == 2 and later.history.forecasts  # a new slot: made again
+        gather(c.journal, c.provider, c.demand, now + FORECAST_EVERY_S, pending_s=600,
+               boot_s=600.0, cache=cache)  # fmt: skip
+        assert len(reads) == 3  # another horizon: made again
+    finally:
+        app.close()

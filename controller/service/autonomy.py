@@ -35,6 +35,8 @@ UNDONE = ("drain", "undrain", "destroy", "replace")  # what a person's action ma
 def in_force(journal: Journal, settings: DecideSettings) -> tuple[DecideSettings, Gate]:
     """(the settings rules' proposals are decided with, the gate the LLM's answers pass)."""
     events = [e["detail"] for e in journal.escalations.autonomy_events()]
+    if not events:  # nothing was ever demoted: the configured gate, as it is
+        return settings, settings.gate
     rules, llm = track_record.demoted_actions(track_record.in_force(events, settings.gate))
     gate = settings.gate
     return settings.model_copy(update={"gate": demoted(gate, rules)}), demoted(gate, llm)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from controller.core import forecast
@@ -41,15 +41,29 @@ class Gathered:
     paused: bool
 
 
+FORECAST_EVERY_S = 300.0  # a forecast is made again at least this often, or when demand moves
+
+
+@dataclass
+class ForecastCache:
+    """The last forecasts made, and what they were made from: while the demand read, the
+    horizon and the 5-minute slot stay the same, the tick reuses them rather than read the
+    demand history again (the forecast one boot time ahead moves by minutes, not by ticks)."""
+
+    key: tuple[Any, ...] = ()
+    value: dict[str, Any] = field(default_factory=dict)
+
+
 def gather(journal: Journal, provider: Sensed, demand: DemandSensor, now: float, *,
            pending_s: float, boot_s: float = forecast.DEFAULT_BOOT_S,
-           tasks_per_instance: float = 2) -> Gathered:  # fmt: skip
+           tasks_per_instance: float = 2,
+           cache: ForecastCache | None = None) -> Gathered:  # fmt: skip
     """One read of history, then sensing (`sense`), then the listing's sanity check; then
-    the demand forecast one boot time ahead (`boot_s` until the fleet's own boots say)."""
+    the demand forecast one boot time ahead (`boot_s` until the fleet's own boots say),
+    reused from `cache` while what it is made from is unchanged."""
     with journal.store.snapshot():  # one read: every row as of one moment
         hist = journal.fleet.history(now)
         horizon = forecast.boot_horizon(forecast.boot_samples(hist.instances.values()), boot_s)
-        demand_history = journal.demand.series(forecast.spans(now, horizon))
         destroyed = journal.actions.destroyed_since(now - 3600)
         launches = journal.actions.recent_launches(now - pending_s)
         ours = [str(r["result"]["instance"]) for r in launches if r["result"].get("instance")]
@@ -67,8 +81,16 @@ def gather(journal: Journal, provider: Sensed, demand: DemandSensor, now: float,
     obs = check_listing(sensed, hist.instances, [*destroyed, *sensed.confirmed_gone])
     if obs.sensor_ok("demand"):
         current = {d.task: float(d.pending + d.running) for d in obs.demand}
-        hist = replace(hist, forecasts=forecast.by_task(demand_history, current, now, horizon,
-                                                        tasks_per_instance))  # fmt: skip
+        key = (horizon, tasks_per_instance, int(now // FORECAST_EVERY_S),
+               tuple(sorted(current.items())))  # fmt: skip
+        if cache is not None and cache.key == key:
+            forecasts = cache.value
+        else:  # the demand history is written by the leader's own ticks alone, after gather
+            series = journal.demand.series(forecast.spans(now, horizon))
+            forecasts = forecast.by_task(series, current, now, horizon, tasks_per_instance)
+            if cache is not None:
+                cache.key, cache.value = key, forecasts
+        hist = replace(hist, forecasts=forecasts)
     return Gathered(now, hist, obs, intents, tuple(launches), frozenset(seen), replacements,
                     approved, pending, vetoes, paused)  # fmt: skip
 
