@@ -42,15 +42,24 @@ def in_force(journal: Journal, settings: DecideSettings) -> tuple[DecideSettings
     return settings.model_copy(update={"gate": demoted(gate, rules)}), demoted(gate, llm)
 
 
-def review(journal: Journal, settings: DecideSettings, now: float) -> dict[str, Any] | None:
-    """Steps 1 to 4; the snapshot saved (None: nothing changed since the last one)."""
+def review(journal: Journal, settings: DecideSettings, now: float,
+           memo: dict[str, Any] | None = None) -> dict[str, Any] | None:  # fmt: skip
+    """Steps 1 to 4; the snapshot saved (None: nothing changed since the last one). `memo`,
+    kept by the caller from tick to tick, holds the gate's digest and the signature this
+    process last saved, so that an unchanged record costs one query a tick."""
     a = settings.autonomy
     since = now - a.window_s
-    digest = track_record.gate_digest(settings.gate)
-    saved = journal.meta.get(KEY, None) or {}
+    memo = {} if memo is None else memo
+    if memo.get("gate") is not settings.gate:
+        memo.update(gate=settings.gate, digest=track_record.gate_digest(settings.gate))
+    digest = memo["digest"]
     signature = [journal.escalations.answers_signature(since), digest,
                  int(now // REVIEW_EVERY_S)]  # fmt: skip
+    if memo.get("signature") == signature:  # this process saved it: the journal holds it
+        return None
+    saved = journal.meta.get(KEY, None) or {}
     if saved.get("signature") == signature:
+        memo["signature"] = signature
         return None
     gate_since = float(saved.get("gate_since", now)) if saved.get("gate") == digest else now
     events = [e["detail"] for e in journal.escalations.autonomy_events()]
@@ -67,6 +76,7 @@ def review(journal: Journal, settings: DecideSettings, now: float) -> dict[str, 
     doc = {**r.doc(), "signature": signature, "gate": digest, "gate_since": gate_since,
            "at": now}  # fmt: skip
     journal.meta.put(KEY, doc)
+    memo["signature"] = signature
     return doc
 
 

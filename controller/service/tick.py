@@ -98,6 +98,7 @@ class Controller:
         self._journal_id: str | None = None  # noted at the first tick
         self._standing: tuple[Doubt, ...] = ()  # doubts that hold while the process runs
         self._forecasts = ForecastCache()  # the last forecasts, while their inputs hold
+        self._autonomy: dict[str, Any] = {}  # the track record's last review by this process
 
     def gather(self, now: float) -> Gathered:
         values = self.settings.values  # the forecast's default boot time and its sizing
@@ -162,7 +163,8 @@ class Controller:
         if done.noticed and self.escalator.after_write is not None:  # notices for people
             self.escalator.after_write(now)
         summary = self._escalate(planned, done)
-        autonomy.review(self.journal, self.settings, now)  # demotions at once; promotions suggested
+        # demotions at once; promotions suggested
+        autonomy.review(self.journal, self.settings, now, self._autonomy)
         self.journal.meta.finish_tick(tick_id, self.clock(), summary)  # the real end, after acting
         if tick_id % 10 == 0:
             log.info(

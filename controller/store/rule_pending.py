@@ -20,6 +20,8 @@ Since = tuple[float, float]  # (since, last_seen)
 class RulePending(Aggregate):
     """Per (rule, subject): since when its condition has held, and when a tick last saw it."""
 
+    _left_empty = False  # this process's last save emptied the table
+
     SCHEMA = """
 CREATE TABLE IF NOT EXISTS rule_pending (
   rule TEXT NOT NULL, subject TEXT NOT NULL, since REAL NOT NULL, last_seen REAL NOT NULL,
@@ -41,7 +43,11 @@ CREATE TABLE IF NOT EXISTS rule_pending (
 
     def save(self, pending: Mapping[Key, Since]) -> None:
         """Make the table `pending` (what the tick saw hold): holds that ended are deleted,
-        new ones inserted, and every one's `last_seen` set (a tick sees all it keeps at once)."""
+        new ones inserted, and every one's `last_seen` set (a tick sees all it keeps at once).
+        Once this process has left the table empty, an empty `pending` writes nothing (the
+        leader alone writes it)."""
+        if not pending and self._left_empty:
+            return
         with self.tx() as db:
             rows = db.execute("SELECT rule, subject FROM rule_pending").fetchall()
             stored = {(str(r["rule"]), str(r["subject"])) for r in rows}
@@ -57,3 +63,4 @@ CREATE TABLE IF NOT EXISTS rule_pending (
             else:
                 db.executemany("UPDATE rule_pending SET last_seen = ? WHERE rule = ? AND "
                                "subject = ?", [(s[1], *k) for k, s in pending.items()])  # fmt: skip
+        self._left_empty = not pending
