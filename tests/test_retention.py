@@ -101,3 +101,55 @@ def test_retention_settings_are_strict() -> None:
         RetentionSettings(days=0.5)
     with pytest.raises(ValueError, match="Extra inputs"):
         RetentionSettings.model_validate({"keep": 3})
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_prune_on_each_backend_keeps_what_is_still_needed(backend: str, tmp_path: Path) -> None:
+    """A journal past its window shrinks, on SQLite and on PostgreSQL alike; what the
+    controller still needs stays: open intents, unknown outcomes, launches that rented an
+    instance, pending escalations, the tracks of live instances, the demand history's last day."""
+    from support import journal_on, record_action
+
+    from controller.core.model import Demand
+    from controller.core.track import Event, Track
+    from controller.store.retention import count, prune
+
+    now = 10 * DAY
+    old, recent = 2 * DAY, now - 3600.0
+    with journal_on(backend, tmp_path) as j:
+        for at in (old, old + 60, recent):
+            j.meta.finish_tick(j.meta.start_tick(at, "r"), at + 1, {})
+            j.demand.record(at, [Demand("all", 3, 1)], {})
+        done = record_action(j, old, status="ok")
+        intent = record_action(j, old, action="destroy", status="intent")
+        unknown = record_action(j, old, action="destroy", status="unknown")
+        parent = record_action(j, old, action="launch", target="fleet", status="ok")
+        rented = record_action(j, old, action="launch", target="fleet", status="ok",
+                               parent_id=parent)  # fmt: skip
+        fresh = record_action(j, recent, status="ok")
+        escs = {}
+        for name, created in (("old_closed", old), ("old_pending", old), ("new", recent)):
+            escs[name] = j.escalations.add_escalation(
+                fingerprint=name, kind="unmatched", subject="s", summary=name, now=created,
+                deadline=created + 600, situation={}, default_action={})  # fmt: skip
+        j.escalations.set_escalation_status(escs["old_closed"], "expired")
+        live = Track("i1", "m1", old, "running", old, "running", old, "up", old)
+        j.fleet.save_tracks(
+            {"i1": live}, [Event("i1", old, "seen", {}), Event("i1", recent, "seen", {})]
+        )
+
+        would = count(j.store, now, 1)
+        assert would == {"ticks": 2, "actions": 2, "events": 1, "escalations": 1,
+                         "demand_history": 2}, would  # fmt: skip
+        deleted, finished = prune(j.store, now, 1, batch=1)  # one row a transaction
+        assert finished and deleted == would
+        assert count(j.store, now, 1) == {}
+
+        ids = {int(r["id"]) for r in j.actions.recent(100, executed_only=False)}
+        assert ids == {intent, unknown, rented, fresh} and done not in ids
+        left = {int(e["id"]) for e in j.escalations.recent(limit=10)}
+        assert left == {escs["old_pending"], escs["new"]}
+        assert set(j.fleet.tracks()) == {"i1"}
+        assert [float(e["at"]) for e in j.fleet.events("i1")] == [recent]
+        assert [t["started_at"] for t in j.meta.ticks()] == [recent]
+        assert [at for at, *_ in j.demand.scored()] == [recent]
