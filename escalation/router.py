@@ -139,6 +139,8 @@ class Escalator:
         targets: Collection[str] = (),
     ) -> list[int]:
         """Steps 1-3 for each doubt; returns the ids of the escalations raised (not deduped)."""
+        if not doubts:  # most ticks: nothing to read or write
+            return []
         raised = []
         standing: dict[str, dict[str, Any]] = dict(self.journal.meta.get(STANDING, None) or {})
         before = json.dumps(standing, sort_keys=True)

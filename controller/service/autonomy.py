@@ -32,9 +32,15 @@ REVIEW_EVERY_S = 3600.0  # the window slides: read the record again at least thi
 UNDONE = ("drain", "undrain", "destroy", "replace")  # what a person's action may revert
 
 
-def in_force(journal: Journal, settings: DecideSettings) -> tuple[DecideSettings, Gate]:
-    """(the settings rules' proposals are decided with, the gate the LLM's answers pass)."""
-    events = [e["detail"] for e in journal.escalations.autonomy_events()]
+def in_force(journal: Journal, settings: DecideSettings,
+             memo: dict[str, Any] | None = None) -> tuple[DecideSettings, Gate]:  # fmt: skip
+    """(the settings rules' proposals are decided with, the gate the LLM's answers pass).
+    The demotion events are read once per process into `memo` (the caller's, as `review`
+    takes it): `review`, in the leader that ticks, is what adds them."""
+    memo = {} if memo is None else memo
+    if "events" not in memo:
+        memo["events"] = [e["detail"] for e in journal.escalations.autonomy_events()]
+    events = memo["events"]
     if not events:  # nothing was ever demoted: the configured gate, as it is
         return settings, settings.gate
     rules, llm = track_record.demoted_actions(track_record.in_force(events, settings.gate))
@@ -57,6 +63,7 @@ def review(journal: Journal, settings: DecideSettings, now: float,
                  int(now // REVIEW_EVERY_S)]  # fmt: skip
     if memo.get("signature") == signature:  # this process saved it: the journal holds it
         return None
+    memo.pop("events", None)  # answers moved, or the hour: read the demotions again
     saved = journal.meta.get(KEY, None) or {}
     if saved.get("signature") == signature:
         memo["signature"] = signature
@@ -67,6 +74,7 @@ def review(journal: Journal, settings: DecideSettings, now: float,
                             events, gate_since)  # fmt: skip
     for d in r.new_demotions:
         journal.escalations.add_autonomy_event(now, asdict(d))
+        memo.pop("events", None)  # `in_force` reads them again
         log.warning("autonomy: %s (%s) demoted to propose: %s; lifted when the gate section of "
                     "the config changes", d.action, d.kind, d.why)  # fmt: skip
     for s in r.suggestions:

@@ -112,7 +112,8 @@ class Controller:
         """Gather and plan: nothing is stored or changed."""
         holds = self.journal.rule_pending.load()  # since when each `for:` condition has held
         # the track record's demotions in force (controller/service/autonomy.py)
-        settings, self.escalator.gate = autonomy.in_force(self.journal, self.settings)
+        settings, self.escalator.gate = autonomy.in_force(self.journal, self.settings,
+                                                          self._autonomy)  # fmt: skip
         return plan(self.gather(now), self.rules, settings, extra, self.debounce, holds)
 
     def tick(self) -> Planned:
