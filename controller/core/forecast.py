@@ -22,6 +22,7 @@ record (`controller.store.demand`); nothing external. The method, simple enough 
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -93,25 +94,40 @@ def forecast(task: str, current: float, history: Series, now: float,
              horizon_s: float) -> Forecast:  # fmt: skip
     """Demand of `task` at `now + horizon_s` from `history` (samples before `now`, any order)
     and the `current` reading (see the module docstring)."""
-    recent = [(t, v) for t, v in history if now - RECENT_S <= t < now]
+    points = _Sorted(history)
+    recent = points.window(now - RECENT_S, now, closed=False)
     if not recent:
         return Forecast(task, float(current), horizon_s, "current")
     recent.append((now, float(current)))
     level = _ewma(recent, now)
     estimate = max(0.0, level + TREND_DAMPING * _slope(recent, now - TREND_S) * horizon_s)
-    seasonal = _seasonal(history, now, horizon_s, level)
+    seasonal = _seasonal(points, now, horizon_s, level)
     if seasonal is None:
         return Forecast(task, estimate, horizon_s, "trend")
     blended = SEASONAL_WEIGHT * seasonal + (1.0 - SEASONAL_WEIGHT) * estimate
     return Forecast(task, max(0.0, blended), horizon_s, "seasonal")
 
 
-def _seasonal(history: Series, now: float, horizon_s: float, level: float) -> float | None:
+class _Sorted:
+    """A series by time, for its windows by bisection (a tick reads several of one series)."""
+
+    def __init__(self, history: Series) -> None:
+        self.points = sorted(history)  # linear on the sorted series the journal returns
+        self.times = [t for t, _ in self.points]
+
+    def window(self, lo: float, hi: float, closed: bool = True) -> list[tuple[float, float]]:
+        """The points with lo <= t <= hi (t < hi when not `closed`)."""
+        end = bisect.bisect_right if closed else bisect.bisect_left
+        return self.points[bisect.bisect_left(self.times, lo) : end(self.times, hi)]
+
+
+def _seasonal(points: _Sorted, now: float, horizon_s: float, level: float) -> float | None:
     total, weights = 0.0, 0.0
     for lag, weight in LAG_WEIGHTS.items():
-        then = [(t, v) for t, v in history if now - lag - RECENT_S <= t <= now - lag]
+        then = points.window(now - lag - RECENT_S, now - lag)
         ahead_at = now + horizon_s - lag
-        ahead = [v for t, v in history if abs(t - ahead_at) <= SEASON_HALF_WIDTH_S]
+        ahead = [v for _, v in points.window(ahead_at - SEASON_HALF_WIDTH_S,
+                                             ahead_at + SEASON_HALF_WIDTH_S)]  # fmt: skip
         if len(then) < MIN_POINTS or len(ahead) < MIN_POINTS:
             continue
         base, later = _ewma(then, now - lag), sum(ahead) / len(ahead)
