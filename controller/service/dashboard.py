@@ -45,6 +45,7 @@ from pydantic import SecretStr
 
 from controller.core.policy import Guards
 from controller.rules.model import Rulebook
+from controller.service import autonomy
 from controller.service.status import last_finished_tick, readiness
 from controller.store import lease
 from controller.store.journal import Journal
@@ -250,6 +251,7 @@ def overview(journal: Journal, now: float, view: View,
                   (last or {}).get("rules"), "reload": reloads[0] if reloads else None},
         "lease": {**leader.as_dict(), "mine": view.holder is not None
                   and leader.holder == view.holder},
+        "autonomy": autonomy.status_part(journal),  # suggestions, demotions, the record
         "budgets": [
             ("spend per hour ($)", spend, guards.max_spend_per_hour),
             ("launches in the last hour", hist.launches_since(now - 3600),

@@ -170,6 +170,21 @@ def _shows_the_journal(deck: Deck) -> None:
         in page.text
     )
     assert f"{guards.max_spend_per_hour:g}" in shown
+    # autonomy: nothing answered yet, then what the track record's review saved
+    assert "No answers to learn from yet" in shown
+    from controller.service import autonomy
+
+    j.meta.put(autonomy.KEY, {
+        "record": [{"action": "restart_daemon", "kind": "approval", "unchanged": 4,
+                    "changed": 1, "denied": 0, "reverted": 0}],
+        "suggestions": [{"text": "promote restart_daemon (approval) to act: 4 proposals ..."}],
+        "demoted": [{"action": "drain", "kind": "unmatched", "cause": "denied",
+                     "why": "bob denied #9"}],
+    })  # fmt: skip
+    shown = text(get(deck.sign_in(), f"{deck.base}/").text)
+    assert "Suggested: promote restart_daemon (approval) to act" in shown
+    assert "Demoted to propose: drain (unmatched), denied: bob denied #9" in shown
+    assert "restart_daemon approval 4 1 0 0" in shown
 
 
 def last_summary(j: Journal) -> dict[str, Any]:
