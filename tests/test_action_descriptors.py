@@ -24,6 +24,7 @@ NOW = 100_000.0
 PARAMS: dict[str, dict[str, Any]] = {
     "launch": {"count": 1}, "scale_to": {"count": 3}, "destroy": {"instance": "i1"},
     "replace": {"instance": "i1"}, "drain": {"instance": "i1"}, "undrain": {"instance": "i1"},
+    "stop": {"instance": "i1"}, "start": {"instance": "i1"},
     "restart_daemon": {"instance": "i1"}, "reboot": {"instance": "i1"},
     "block_host": {"machine": "m1", "for": 60.0}, "notify": {"message": "look"},
     "escalate": {"reason": "look"}, "hold": {"reason": "wait"},
@@ -101,6 +102,12 @@ class Fleet:
 
     def undrain(self, instance_id: str) -> None:
         self.calls.append(("undrain", instance_id))
+
+    def stop(self, instance_id: str) -> None:
+        self.calls.append(("stop", instance_id))
+
+    def start(self, instance_id: str) -> None:
+        self.calls.append(("start", instance_id))
 
 
 def carried_out(tmp_path: Path, action: str) -> tuple[str, list[tuple[str, str]]]:

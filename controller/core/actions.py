@@ -112,6 +112,14 @@ DESCRIPTORS: dict[str, Descriptor] = {d.name: d for d in (
     Descriptor("undrain", OnInstance, "Give a drained instance new tasks again (clear Curio "
                "unschedulable); it counts as capacity again.", "provider_call",
                held_on_sensing_failure=_FLEET),
+    Descriptor("stop", OnInstance, "Park an idle, drained instance: vast stops it, keeping "
+               "its disk (image, proof parameters, benchmark) and billing only storage; the "
+               "guards refuse one holding tasks.", "provider_call",
+               held_on_sensing_failure=_SCALING),
+    Descriptor("start", OnInstance, "Start a parked instance: it serves in minutes without a "
+               "new boot, unless its host's GPUs were rented meanwhile (it waits, "
+               "scheduling); counts as a launch for the caps.", "provider_call",
+               held_on_sensing_failure=_FLEET),
     Descriptor("restart_daemon", OnInstance, "Restart the proving daemon (cuzk) on an "
                "instance.", "provider_call"),
     Descriptor("reboot", OnInstance, "Reboot an instance.", "provider_call", destructive=True,
@@ -129,7 +137,8 @@ DESCRIPTORS: dict[str, Descriptor] = {d.name: d for d in (
 ACTIONS: dict[str, type[_Params]] = {name: d.params for name, d in DESCRIPTORS.items()}
 
 ActionName = Literal[
-    "launch", "scale_to", "destroy", "replace", "drain", "undrain", "restart_daemon", "reboot",
+    "launch", "scale_to", "destroy", "replace", "drain", "undrain", "stop", "start",
+    "restart_daemon", "reboot",
     "block_host", "notify", "escalate", "hold",
 ]  # fmt: skip
 

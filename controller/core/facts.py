@@ -19,7 +19,8 @@ FIELDS: dict[str, frozenset[str]] = {
             "gpu_name", "num_gpus", "dph", "tasks_running", "drained", "bench_rate",
             "daemon_uptime_s", "status_msg", "age_s", "stage_age_s", "status_for_s",
             "down_for_s", "restarts_1h", "deaths_1h", "idle_for_s", "host_blocked", "host_rate",
-            "replacing", "retiring", "command_overdue_s",
+            "replacing", "retiring", "command_overdue_s", "parked", "parked_for_s",
+            "starting_for_s",
         }
     ),
     "demand": frozenset({"id", "task", "pending", "running", "oldest_pending_s", "max_retries",
@@ -27,7 +28,7 @@ FIELDS: dict[str, frozenset[str]] = {
     "fleet": frozenset(
         {
             "id", "instances", "active", "serving", "booting", "dead", "drained",
-            "pending_launches",
+            "pending_launches", "parked",
             "spend_per_h", "launches_1h", "pending", "running_tasks",
         }
     ),
@@ -80,7 +81,12 @@ def _instance_fact(inst: Any, hist: History, now: float) -> dict[str, Any]:
         "host_blocked": hist.host_blocked(inst.machine_id, now),
         "replacing": inst.id in hist.replacing,
         "retiring": inst.id in hist.retiring,
+        "parked": st is not None and st.parked_since is not None,
     }
+    if st is not None and st.parked_since is not None:  # stopped by fleetgate's own `stop`
+        fact["parked_for_s"] = now - st.parked_since
+        if st.start_asked is not None:
+            fact["starting_for_s"] = now - st.start_asked
     if inst.command_overdue_s:  # rare: only then asserted (every field costs the engine)
         fact["command_overdue_s"] = inst.command_overdue_s
     if inst.bench_rate is not None:
@@ -99,10 +105,18 @@ def fleet_fact(obs: Observation, hist: History, now: float) -> dict[str, Any]:
     # A drained instance that runs takes no new task: it is on its way out, not capacity (the
     # shipped rules undrain it when tasks wait again). One still booting counts as on its way:
     # its node may have inherited an old cordon on the same host, and it is undrained alike.
+    # parked (stopped by fleetgate, no start asked): neither capacity nor booting; one whose
+    # start was asked counts as capacity on its way, as a launch does
+    tracks = hist.instances
+    parked = {i.id for i in inst if (t := tracks.get(i.id)) is not None
+              and t.parked_since is not None and t.start_asked is None}  # fmt: skip
     serving = sum(1 for i in inst if i.stage == "running" and i.status == "running"
                   and not i.drained)  # fmt: skip
+    starting = {i.id for i in inst if (t := tracks.get(i.id)) is not None
+                and t.start_asked is not None}  # fmt: skip
     active = sum(1 for i in inst if i.id not in hist.retiring and i.id not in dead
-                 and not (i.drained and i.stage == "running"))  # fmt: skip
+                 and i.id not in parked
+                 and (i.id in starting or not (i.drained and i.stage == "running")))  # fmt: skip
     total = next((d for d in obs.demand if d.task == "all"), None)
     return {
         "kind": "fleet",
@@ -111,7 +125,10 @@ def fleet_fact(obs: Observation, hist: History, now: float) -> dict[str, Any]:
         "active": active + hist.pending_launches,
         "pending_launches": hist.pending_launches,
         "serving": serving,
-        "booting": sum(1 for i in inst if i.stage != "running" and i.id not in dead),
+        "booting": sum(
+            1 for i in inst if i.stage != "running" and i.id not in dead and i.id not in parked
+        ),
+        "parked": len(parked),
         "dead": len(dead),
         "drained": sum(1 for i in inst if i.drained),
         "spend_per_h": round(sum(i.dph for i in inst), 4),

@@ -35,7 +35,14 @@ class _Budget:
     removed: int = 0
     spend: float = 0.0
     returning: int = 0
-    """Drained instances this tick's plan undrains: capacity back without a launch."""
+    """Drained instances this tick's plan undrains or parked ones it starts: capacity back
+    without a new rental."""
+    started: int = 0
+    """Parked instances started so far (in `launched` for the caps, in `returning` already)."""
+    parked: int = 0
+    """Instances this tick's plan stops (parks)."""
+    starts_wanted: int | None = None
+    """Starts the plan's `scale_to` leaves room for (None: the plan has no `scale_to`)."""
 
 
 @dataclass(frozen=True)
@@ -64,14 +71,17 @@ def _noop(d: Decision, why: str) -> Decision:
 
 def _launch_room(ctx: Context, b: _Budget, overridden: frozenset[str] = frozenset()
                  ) -> tuple[int, str]:  # fmt: skip
-    """How many launches the limits allow now (less those overridden), and the tightest."""
+    """How many launches the limits allow now (less those overridden), and the tightest.
+    Parked instances count against `max_parked`, not `max_instances`: a start of one counts
+    as a launch."""
     lim, fleet = ctx.limits, ctx.fleet
     # launches on their way (created, not listed yet) bill like listed instances
     on_way = int(fleet.get("pending_launches", 0))
     spend = float(fleet.get("spend_per_h", 0.0)) + on_way * lim.launch_dph_estimate
     spend_left = lim.max_spend_per_hour - spend - b.spend
     rooms = {
-        "max_instances": lim.max_instances - int(fleet.get("instances", 0)) - on_way - b.launched,
+        "max_instances": lim.max_instances - int(fleet.get("instances", 0))
+        + int(fleet.get("parked", 0)) - on_way - b.launched,
         "max_launches_per_tick": lim.max_launches_per_tick - b.launched,
         "max_launches_per_hour": lim.max_launches_per_hour - ctx.hist.launches_since(ctx.now - 3600)
         - b.launched,
@@ -109,7 +119,7 @@ def _launch(d: Decision, count: int, ctx: Context, b: _Budget, doubts: list[Doub
     n = min(count, room)
     b.launched += n
     b.spend += n * ctx.limits.launch_dph_estimate
-    if d.proposal.action == "replace":
+    if d.proposal.action in ("replace", "start"):
         return d
     why = d.why if n == count else f"{d.why}; trimmed from {count} to {n} by {limit}"
     return replace(
@@ -119,9 +129,9 @@ def _launch(d: Decision, count: int, ctx: Context, b: _Budget, doubts: list[Doub
 
 def _scale_to(d: Decision, ctx: Context, b: _Budget, doubts: list[Doubt]) -> Decision:
     want = int(d.proposal.params["count"])
-    active = int(ctx.fleet.get("active", 0)) + b.launched + b.returning
+    active = int(ctx.fleet.get("active", 0)) + b.launched - b.started + b.returning
     if want <= active:
-        back = f" ({b.returning} undrained this tick)" if b.returning else ""
+        back = f" ({b.returning} undrained or started this tick)" if b.returning else ""
         return _noop(d, f"fleet has {active} active instance(s){back}, target {want}")
     return _launch(d, want - active, ctx, b, doubts)
 
@@ -207,6 +217,10 @@ def _on_instance(d: Decision, ctx: Context, b: _Budget, doubts: list[Doubt]) -> 
         why = _not_undrainable(inst)
         if why:
             return _noop(d, why)
+    if action == "stop":
+        return _stop(d, inst, ctx, b, doubts)
+    if action == "start":
+        return _start(d, inst, ctx, b, doubts)
     if (
         action == "restart_daemon"
         and int(inst.get("restarts_1h", 0)) >= ctx.limits.crash_loop_limit
@@ -220,6 +234,67 @@ def _on_instance(d: Decision, ctx: Context, b: _Budget, doubts: list[Doubt]) -> 
     return _cooldown(d, ctx) or d
 
 
+def _stop(d: Decision, inst: dict[str, Any], ctx: Context, b: _Budget,
+          doubts: list[Doubt]) -> Decision:  # fmt: skip
+    """Park only an instance that holds no task and takes none (drained); beyond
+    `max_parked` it is destroyed instead (its destroy lost to the stop's priority); its
+    storage counts in the spend budget."""
+    if inst.get("parked") or inst.get("status") == "stopped":
+        return _noop(d, "it is stopped already")
+    if inst.get("retiring"):
+        return _veto(d, "drain_before_stop", "it is being replaced: it goes, it is not parked")
+    tasks = int(inst.get("tasks_running", 0))
+    if tasks > 0:
+        why = f"{tasks} task(s) running on it: drain it and let them finish first"
+        return _veto(d, "drain_before_stop", why)
+    if (
+        inst.get("status") == "running"
+        and inst.get("sidecar") != "down"
+        and not inst.get("drained")
+    ):
+        why = f"{d.why}; drain before stop: its Curio node may still take tasks"
+        drained = replace(d, action="drain", guard="drain_before_stop", why=why)
+        return _cooldown(drained, ctx) or drained
+    parked = int(ctx.fleet.get("parked", 0)) + b.parked
+    unparked = int(ctx.fleet.get("instances", 0)) - parked - b.removed
+    if unparked - 1 < ctx.limits.min_instances:  # the instances kept are kept serving
+        return _veto(d, "min_instances", f"would leave fewer than {ctx.limits.min_instances} "
+                     "instance(s) unparked")  # fmt: skip
+    if parked >= ctx.limits.max_parked:  # the pool is full: it goes, as it would unparked
+        why = f"{d.why}; {parked} parked already (max_parked {ctx.limits.max_parked}): destroyed"
+        return _destroy(replace(d, action="destroy", guard="max_parked", why=why), inst, ctx, b,
+                        doubts)  # fmt: skip
+    lim, fleet = ctx.limits, ctx.fleet
+    spend = float(fleet.get("spend_per_h", 0.0)) + b.spend + lim.parked_dph_estimate
+    spend -= float(inst.get("dph", 0.0))
+    if spend > lim.max_spend_per_hour:
+        return _veto(d, "max_spend_per_hour", f"parking it would bring the fleet to "
+                     f"${spend:.2f}/h (max_spend_per_hour {lim.max_spend_per_hour:g})")  # fmt: skip
+    b.parked += 1
+    b.spend += lim.parked_dph_estimate - float(inst.get("dph", 0.0))
+    return _cooldown(d, ctx) or d
+
+
+def _start(d: Decision, inst: dict[str, Any], ctx: Context, b: _Budget,
+           doubts: list[Doubt]) -> Decision:  # fmt: skip
+    """Start a parked instance: a launch for the caps (spend, instances, launches per tick)."""
+    if not inst.get("parked"):
+        return _noop(d, "it is not parked (fleetgate did not stop it)")
+    if "starting_for_s" in inst:
+        return _noop(d, "its start was asked already: it waits for its host's GPUs")
+    if b.starts_wanted is not None and b.started >= b.starts_wanted:
+        return _noop(d, f"the plan's scale_to needs no more instances ({b.started} started, "
+                     "the rest undrained or active)")  # fmt: skip
+    waiting = _cooldown(d, ctx)
+    if waiting is not None:
+        return waiting
+    b.started += 1
+    out = _launch(d, 1, ctx, b, doubts)
+    if out.verdict != "act":
+        b.started -= 1
+    return out
+
+
 def _not_undrainable(inst: dict[str, Any]) -> str:
     """Why undraining `inst` would give no capacity back ('' when it would)."""
     if not inst.get("drained"):
@@ -229,13 +304,25 @@ def _not_undrainable(inst: dict[str, Any]) -> str:
     return ""
 
 
-def _returning(decisions: Sequence[Decision], ctx: Context) -> int:
-    """Drained instances the plan undrains (counted before `scale_to`, whatever the order):
-    capacity coming back that a scale-up would otherwise rent again."""
+def _returning(decisions: Sequence[Decision], ctx: Context) -> tuple[int, int | None]:
+    """Drained instances the plan undrains and parked ones it starts (counted before
+    `scale_to`, whatever the order): capacity coming back that a scale-up would otherwise
+    rent again; and how many starts the plan's largest `scale_to` wants (None: none)."""
     wanted = {str(d.proposal.params.get("instance")) for d in decisions
               if d.verdict == "act" and d.proposal.action == "undrain"}  # fmt: skip
-    return sum(1 for i in wanted if i in ctx.facts and ctx.facts[i].get("kind") == "instance"
-               and not _not_undrainable(ctx.facts[i]))  # fmt: skip
+    started = {str(d.proposal.params.get("instance")) for d in decisions
+               if d.verdict == "act" and d.proposal.action == "start"}  # fmt: skip
+    facts = ctx.facts
+    back = sum(1 for i in wanted if i in facts and facts[i].get("kind") == "instance"
+               and not _not_undrainable(facts[i]))  # fmt: skip
+    starts = sum(1 for i in started if i in facts and facts[i].get("kind") == "instance"
+                 and facts[i].get("parked") and "starting_for_s" not in facts[i])  # fmt: skip
+    targets = [int(d.proposal.params["count"]) for d in decisions
+               if d.verdict == "act" and d.proposal.action == "scale_to"]  # fmt: skip
+    if not targets:
+        return back + starts, None
+    room = max(0, max(targets) - int(ctx.fleet.get("active", 0)) - back)
+    return back + min(starts, room), room
 
 
 def check(decisions: Sequence[Decision], ctx: Context) -> tuple[list[Decision], list[Doubt]]:
@@ -246,10 +333,16 @@ def check(decisions: Sequence[Decision], ctx: Context) -> tuple[list[Decision], 
     (paused, sensing, a cooldown) leaves the question to people."""
     out: list[Decision] = []
     doubts: list[Doubt] = []
-    b = _Budget(returning=_returning(decisions, ctx))
+    returning, starts_wanted = _returning(decisions, ctx)
+    b = _Budget(returning=returning, starts_wanted=starts_wanted)
     for d in decisions:
         if d.verdict == "ask":
-            probe = _one(replace(d, verdict="act"), ctx, _Budget(returning=b.returning), doubts)
+            probe = _one(
+                replace(d, verdict="act"),
+                ctx,
+                _Budget(returning=b.returning, starts_wanted=starts_wanted),
+                doubts,
+            )
             moot = probe.verdict == "noop" or (probe.verdict == "veto" and probe.guard in _CAPS)
             out.append(replace(probe, why=f"{probe.why}; not put to a person") if moot else d)
             continue

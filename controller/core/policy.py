@@ -22,7 +22,7 @@ class _Strict(BaseModel):
 
 
 _DEFAULT_COOLDOWNS: dict[ActionName, float] = {
-    "restart_daemon": 120.0, "reboot": 600.0, "drain": 60.0,
+    "restart_daemon": 120.0, "reboot": 600.0, "drain": 60.0, "start": 600.0,
 }  # fmt: skip
 
 
@@ -70,6 +70,14 @@ class Guards(_Strict):
         description="a launch whose create answered nothing clear (a 5xx, a timeout) counts as "
         "capacity until good listings taken this long after it still lack its label; then it "
         "is recorded as lost (vast lists a create within seconds)",
+    )
+    max_parked: int = Field(
+        4, ge=0, description="never stop (park) an instance while this many are parked"
+    )
+    parked_dph_estimate: float = Field(
+        0.10,
+        ge=0,
+        description="$/hour assumed for a parked instance's storage until the listing shows it",
     )
     paused: bool = Field(False, description="the pause switch: decide and record, act on nothing")
 

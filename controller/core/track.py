@@ -42,6 +42,10 @@ class Track(NamedTuple):
     ever_up: bool = False  # the daemon has run once: a later start is a restart
     probe_fails: int = 0  # failed health probes in a row
     probe_failing_since: float | None = None  # the first of them
+    # parked: fleetgate stopped it (its own `stop`, as journaled) at `parked_since`; a start
+    # it sent since then at `start_asked`; both end once it runs again after the start
+    parked_since: float | None = None
+    start_asked: float | None = None
     uptime: float | None = None  # last: changes every tick, so `t[:-1]` is all that matters
 
 
@@ -278,6 +282,9 @@ def advance(hist: History, obs: Observation, now: float, debounce: Debounce = NO
         track, evs = _first(inst, now) if old is None else _step(old, inst, now)
         if fails or (old is not None and old.probe_fails):
             track = track._replace(probe_fails=fails, probe_failing_since=since)
+        parked = _parked(old, inst, hist, now)
+        if parked != (track.parked_since, track.start_asked):
+            track = track._replace(parked_since=parked[0], start_asked=parked[1])
         tracks[inst.id] = track
         events += evs
     if obs.sensor_ok("provider"):
@@ -293,6 +300,28 @@ def advance(hist: History, obs: Observation, now: float, debounce: Debounce = NO
     if hist.measured_now:
         events += measured_events(hist.measured, hist.measured_now, now)
     return tracks, events
+
+
+def _parked(old: Track | None, inst: Instance, hist: History, now: float
+            ) -> tuple[float | None, float | None]:  # fmt: skip
+    """(parked since, start asked at) for `inst`: parked from fleetgate's own `stop` (the
+    journal's last one on it, newer than its last `start`) until it runs after a start. A
+    stop nobody at fleetgate sent leaves it unparked (the lifecycle rules' stopped instance)."""
+    since, asked = (old.parked_since, old.start_asked) if old is not None else (None, None)
+    acted = hist.last_acted
+    key = f"instance:{inst.id}"  # the journal's target of an action on it
+    stop_at, start_at = acted.get(f"stop:{key}"), acted.get(f"start:{key}")
+    if (
+        stop_at is not None
+        and (start_at is None or stop_at > start_at)
+        and (since is None or stop_at > since)
+    ):
+        since, asked = stop_at, None
+    if since is not None and start_at is not None and start_at >= since:
+        asked = start_at if asked is None else max(asked, start_at)
+    if asked is not None and inst.status == "running":
+        return None, None
+    return since, asked
 
 
 def debounced(obs: Observation, tracks: dict[str, Track]) -> Observation:

@@ -9,6 +9,8 @@ drain. The actuator (`controller.fleet.actuator`) calls these; the sensor
 - restart_daemon: a command queued for the instance's agent (pulled on its next heartbeat);
   without a registered agent, a vast reboot at once;
 - drain, undrain: Curio's `unschedulable` on the instance's node, set and cleared;
+- stop, start: vast's `PUT /api/v0/instances/{id}/` with `{"state": "stopped"|"running"}`
+  (parking: the disk is kept, storage billed; the journal's action rows say fleetgate did it);
 - gone: an instance vanished from vast: its agent's records are dropped.
 """
 
@@ -86,6 +88,14 @@ class FleetActions:
             return
         self.lifecycle.queue_command(record.label, "restart_daemon", self.clock(),
                                      self.command_deadline_s)  # fmt: skip
+
+    def stop(self, instance_id: str) -> None:
+        """Park the instance: vast stops it and keeps its disk."""
+        self.vast.stop(instance_id)
+
+    def start(self, instance_id: str) -> None:
+        """Start a parked instance: it serves again from its disk, without a new boot."""
+        self.vast.start(instance_id)
 
     def drain(self, instance_id: str) -> None:
         """Set `unschedulable` on the instance's own Curio node: it takes no new tasks."""

@@ -93,7 +93,10 @@ class Actuator:
             )
             return Outcome("ok", {"blocked_until": until})
         if executor == "provider_call":
-            getattr(self.provider, action)(str(params["instance"]))
+            call = getattr(self.provider, action, None)
+            if call is None:  # stop/start: only a fleet that parks (`base.Parks`) has them
+                return Outcome("failed", {"error": f"this fleet's provider cannot {action}"})
+            call(str(params["instance"]))
             return Outcome("ok", {})
         if executor == "notify":
             log.warning("notify: %s", params.get("message"))

@@ -80,6 +80,19 @@ class Actuated(Protocol):
         ...
 
 
+class Parks(Protocol):
+    """A fleet whose instances can be parked (vast's stop and start); the actuator calls these
+    only on a provider that has them (a `stop` or `start` on one without fails, journaled)."""
+
+    def stop(self, instance_id: str) -> None:
+        """Stop the instance: its disk is kept and bills storage only."""
+        ...
+
+    def start(self, instance_id: str) -> None:
+        """Start a stopped instance (it may wait for its host's GPUs: "scheduling")."""
+        ...
+
+
 class Provider(Actuated, Protocol):
     """A fleet that is both read and acted on (the simpler fleets and the test fakes); the real
     fleet splits the two (`RealFleet` reads, `FleetActions` acts)."""

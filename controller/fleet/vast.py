@@ -269,6 +269,12 @@ class VastProvider:
     def reboot(self, instance_id: str) -> None:
         self._client.reboot(instance_id)
 
+    def stop(self, instance_id: str) -> None:
+        self._client.set_state(instance_id, "stopped")
+
+    def start(self, instance_id: str) -> None:
+        self._client.set_state(instance_id, "running")
+
     def restart_daemon(self, instance_id: str) -> None:
         raise PermanentProviderError("vast cannot restart a daemon; the instance agent does")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import random
 import zlib
 from collections.abc import Iterable, Mapping
@@ -20,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from controller.fleet.base import PermanentProviderError
+from controller.sim import instance_life as lifecycle
 from controller.sim.config import SimConfig
 from controller.sim.instance import SimInstance
 from controller.sim.instance_life import Effect
@@ -142,8 +144,10 @@ def salt_of(rng: random.Random) -> int:
     return int.from_bytes(digest, "big")
 
 
-def stop(inst: SimInstance, now: float) -> Effect:
-    """vast's stop: the container stops (stage kept), its tasks go back to pending."""
+def stop(inst: SimInstance, now: float, config: SimConfig, salt: int) -> Effect:
+    """vast's stop: the container stops (stage, parameters and benchmark kept on its disk), its
+    tasks go back to pending, the machine's price stops and storage bills. A stopped machine
+    may be lost (`stopped_loss_per_h`): the instance exits, for good."""
     if inst.status == "stopped":
         return ""
     if inst.status != "running":
@@ -153,13 +157,38 @@ def stop(inst: SimInstance, now: float) -> Effect:
     inst.status, inst.status_msg = "stopped", ""
     inst.daemon = inst.sidecar = "down"
     inst.daemon_started_at = None
+    inst.stopped_at = now
+    inst.exit_at = _hazard_time(now, config.stopped_loss_per_h, salt, inst.id, "lost", now)
     return "release"
 
 
-def start(inst: SimInstance, now: float, config: SimConfig) -> Effect:
-    """vast's start of a stopped container: loading for `reboot_s`, then running as a reboot."""
-    if inst.status != "stopped":
+def start(inst: SimInstance, now: float, config: SimConfig, salt: int) -> Effect:
+    """vast's start of a stopped container. When someone else rented the host's GPUs while it
+    was stopped (`start_wait_per_h` per hour stopped) it waits for them ("scheduling", status
+    still stopped) for a time drawn from `start_wait_s`; then it loads for `start_s` and runs
+    as after a reboot. A node stopped past Curio's timeout comes back as a new, uncordoned one.
+    Draws are hashes of the account's salt (see `unit`), never the world's RNG."""
+    if inst.status != "stopped" or inst.start_at is not None:
         return ""
-    inst.status, inst.status_msg = "loading", "starting"
-    inst.reboot_until = now + config.reboot_s  # lifecycle's reboot end brings it back
+    stopped_s = 0.0 if inst.stopped_at is None else now - inst.stopped_at
+    key = (inst.id, f"{inst.stopped_at}")
+    lo, hi = config.start_s
+    inst.durations["start"] = lo + (hi - lo) * unit(salt, *key, "load")
+    if stopped_s > config.curio_machine_timeout_s:
+        inst.drained = False
+    taken = 1.0 - math.exp(-config.start_wait_per_h * stopped_s / 3600.0)
+    if unit(salt, *key, "taken") < taken:
+        lo, hi = config.start_wait_s
+        inst.start_at = now + lo + (hi - lo) * unit(salt, *key, "wait")
+        inst.status_msg = "scheduling: waiting for the host's GPUs"
+        return ""
+    lifecycle.begin_start(inst, now)
     return ""
+
+
+def _hazard_time(now: float, rate_per_h: float, salt: int, *parts: object) -> float | None:
+    """When an event of hazard `rate_per_h` strikes after `now` (a hashed draw), or None."""
+    if rate_per_h <= 0:
+        return None
+    u = unit(salt, *(str(p) for p in parts))
+    return now - math.log(1.0 - u) * 3600.0 / rate_per_h

@@ -113,6 +113,31 @@ class SimConfig(BaseModel):
     )
     reboot_s: float = Field(default=60.0, ge=0, description="reboot: seconds in status rebooting.")
 
+    # --- stop and start (vast keeps a stopped instance's disk and bills only its storage)
+    disk_gb: float = Field(default=250.0, ge=0, description="Disk of every instance, GB.")
+    storage_price_range: Range = Field(
+        default=(0.00014, 0.00042),
+        description="Storage price per GB-hour, per machine (about $0.10 to $0.30 a GB-month);"
+        " billed while an instance is stopped (a running instance's price includes it).",
+    )
+    start_s: Range = Field(
+        default=(30.0, 120.0),
+        description="start of a stopped instance: seconds in status loading once its GPUs are"
+        " free (the disk keeps the image, parameters and benchmark: nothing is fetched again).",
+    )
+    start_wait_per_h: Hazard = Field(
+        default=0.05,
+        description="Chance per hour stopped that someone else rented the host's GPUs, so a"
+        " start waits (scheduling) until they are free again.",
+    )
+    start_wait_s: Range = Field(
+        default=(900.0, 21600.0), description="How long such a start waits (scheduling), s."
+    )
+    stopped_loss_per_h: Hazard = Field(
+        default=0.002,
+        description="A stopped instance's machine is lost (the instance goes to exited).",
+    )
+
     # --- the vast account and its wire (controller.sim.vast_api); 0 = a clean account
     foreign_instances: int = Field(
         default=0,

@@ -14,6 +14,7 @@ from typing import Any
 EVENT_FIELDS = (
     ("release", "release_at"),  # tasks of a lost node go back to the queue (Curio timeout)
     ("reboot_end", "reboot_until"),
+    ("start", "start_at"),  # a start's wait for the host's GPUs ends: loading begins
     ("restart", "restart_at"),  # the daemon comes back after restart_daemon
     ("stage", "stage_until"),  # the current lifecycle stage ends
     ("death", "death_at"),  # the daemon dies (silently, or on a crash-loop host)
@@ -54,6 +55,11 @@ class SimInstance:
     exit_at: float | None = None
     offline_at: float | None = None
     frozen_at: float | None = None
+    start_at: float | None = None
+    # stopped (vast's stop): the GPU is not billed, the disk is (storage); since when, and the
+    # seconds of earlier stops
+    stopped_at: float | None = None
+    stopped_s: float = 0.0
 
     def next_event(self) -> tuple[float, str] | None:
         """The earliest scheduled (time, kind), ties broken by EVENT_FIELDS order."""
@@ -80,8 +86,20 @@ class SimInstance:
         return max(0.0, now - self.daemon_started_at)
 
     def billed_s(self, now: float) -> float:
-        """Seconds billed so far: from launch until `now` (destroy ends billing)."""
-        return max(0.0, now - self.launched_at)
+        """Seconds billed at the machine's price so far: from launch until `now` (destroy ends
+        billing), less the time stopped (`storage_s`)."""
+        return max(0.0, now - self.launched_at - self.storage_s(now))
+
+    def storage_s(self, now: float) -> float:
+        """Seconds stopped so far, billed at the storage price only."""
+        current = 0.0 if self.stopped_at is None else max(0.0, now - self.stopped_at)
+        return self.stopped_s + current
+
+    def resume_billing(self, now: float) -> None:
+        """The stop ends (its GPUs are the instance's again): the machine's price bills again."""
+        if self.stopped_at is not None:
+            self.stopped_s += max(0.0, now - self.stopped_at)
+            self.stopped_at = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

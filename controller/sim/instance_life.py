@@ -78,6 +78,9 @@ def apply_event(
         return ""
     if kind == "reboot_end":
         return _end_reboot(inst, t, machine, config, rng)
+    if kind == "start":
+        begin_start(inst, t)
+        return ""
     if kind == "release":
         inst.release_at = None
         return "release"
@@ -174,6 +177,15 @@ def _end_reboot(
     inst.stage_left = None
     _arm_faults(inst, t, config, rng)
     return ""
+
+
+def begin_start(inst: SimInstance, t: float) -> None:
+    """A start's GPUs are free: the container loads (`durations["start"]` seconds, from the
+    disk it kept) and then runs as after a reboot; the machine's price bills from now."""
+    inst.start_at = None
+    inst.resume_billing(t)
+    inst.status, inst.status_msg = "loading", "starting"
+    inst.reboot_until = t + inst.durations.get("start", 0.0)  # a reboot's end brings it back
 
 
 def restart_daemon(inst: SimInstance, now: float, config: SimConfig) -> Effect:

@@ -6,6 +6,7 @@ Pure: functions take the RNG and data and return data.
 from __future__ import annotations
 
 import random
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -26,6 +27,7 @@ class Machine:
     dph: float
     rate: float
     crash_loop: bool
+    storage_per_gb_h: float = 0.0  # $/GB-hour while an instance on it is stopped
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -70,7 +72,15 @@ def _draw_machine(index: int, config: SimConfig, rng: random.Random) -> Machine:
         dph=dph,
         rate=round(rate, 2),
         crash_loop=crash_loop,
+        storage_per_gb_h=_storage_price(index, config),
     )
+
+
+def _storage_price(index: int, config: SimConfig) -> float:
+    """The machine's storage price: a hash of its index, not a draw (the RNG's sequence, and
+    so every other machine's and instance's draw, stays as it was)."""
+    lo, hi = config.storage_price_range
+    return round(lo + (hi - lo) * zlib.crc32(f"storage:{index}".encode()) / 4294967296.0, 6)
 
 
 def choose_machine(

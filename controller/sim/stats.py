@@ -15,6 +15,7 @@ class Stats:
     """Counters kept as the world moves; live instances' billing is added at summary time."""
 
     spend_closed_usd: float = 0.0  # spend of destroyed instances
+    storage_closed_usd: float = 0.0  # of which their storage while stopped
     gpu_hours_closed: float = 0.0
     tasks_arrived: int = 0
     tasks_completed: int = 0
@@ -23,17 +24,25 @@ class Stats:
     instances_destroyed: int = 0
     waits: list[float] = field(default_factory=list)  # claim - posted of completed tasks
 
-    def close_billing(self, dph: float, num_gpus: int, billed_s: float) -> None:
-        """Add a destroyed instance's bill."""
-        self.spend_closed_usd += dph * billed_s / 3600.0
+    def close_billing(self, dph: float, num_gpus: int, billed_s: float,
+                      storage_usd: float = 0.0) -> None:  # fmt: skip
+        """Add a destroyed instance's bill (`storage_usd`: its disk's while it was stopped)."""
+        self.spend_closed_usd += dph * billed_s / 3600.0 + storage_usd
+        self.storage_closed_usd += storage_usd
         self.gpu_hours_closed += num_gpus * billed_s / 3600.0
 
-    def summary(self, live_bills: list[tuple[float, int, float]]) -> dict[str, Any]:
-        """The stats dict; `live_bills` is (dph, num_gpus, billed_s) per live instance."""
+    def summary(self, live_bills: list[tuple[float, int, float]], live_storage_usd: float = 0.0
+                ) -> dict[str, Any]:  # fmt: skip
+        """The stats dict; `live_bills` is (dph, num_gpus, billed_s) per live instance, and
+        `live_storage_usd` what live instances' disks billed while stopped. `spend_usd`
+        includes storage; `storage_usd` is that part alone (GPU-hours exclude stopped time)."""
+        storage = self.storage_closed_usd + live_storage_usd
         spend = self.spend_closed_usd + sum(d * s / 3600.0 for d, _, s in live_bills)
+        spend += live_storage_usd
         gpu_hours = self.gpu_hours_closed + sum(g * s / 3600.0 for _, g, s in live_bills)
         return {
             "spend_usd": spend,
+            "storage_usd": storage,
             "gpu_hours": gpu_hours,
             "tasks_arrived": self.tasks_arrived,
             "tasks_completed": self.tasks_completed,

@@ -130,7 +130,7 @@ class Listing:
         if isinstance(row, ForeignInstance):
             return views.foreign(row, machine)
         label = world.account.api_label(row.id, row.label, world.config.empty_label_fraction)
-        return views.instance(row, machine, label)
+        return views.instance(row, machine, label, world.config.disk_gb)
 
     def find(self, instance_id: str) -> Row | None:
         """The instance vast knows by this id (hidden creates included), or None."""

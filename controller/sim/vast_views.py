@@ -96,10 +96,19 @@ def offer(machine: Machine) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def instance(inst: SimInstance, machine: Machine, label: str) -> dict[str, Any]:
+def instance(
+    inst: SimInstance, machine: Machine, label: str, disk_gb: float = 0.0
+) -> dict[str, Any]:
     """A world instance as vast shows it, with `label` as vast's API label."""
     status = None if inst.status == "provisioning" else inst.status
-    return _row(inst.id, machine, label, status, inst.status_msg, inst.launched_at)
+    row = _row(inst.id, machine, label, status, inst.status_msg, inst.launched_at)
+    if inst.status != "stopped":
+        return row
+    # stopped: it bills its disk only (shown as its price); a start waiting for the host's
+    # GPUs ("scheduling") is stopped with intended status running
+    storage = machine.storage_per_gb_h * disk_gb
+    intended = "running" if inst.start_at is not None else "stopped"
+    return {**row, "dph_total": round(storage, 4), "intended_status": intended}
 
 
 def foreign(inst: ForeignInstance, machine: Machine) -> dict[str, Any]:

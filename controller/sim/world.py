@@ -296,7 +296,8 @@ class World:
         inst = self.get(instance_id)
         self.counters.tasks_released += self.queue.release_owned(instance_id)
         machine = self.machines[inst.machine_id]
-        self.counters.close_billing(machine.dph, machine.num_gpus, inst.billed_s(now))
+        self.counters.close_billing(machine.dph, machine.num_gpus, inst.billed_s(now),
+                                    self._storage_usd(inst, now))  # fmt: skip
         self.counters.instances_destroyed += 1
         del self._instances[instance_id]
         self._by_id = None
@@ -311,10 +312,19 @@ class World:
     def set_state(self, instance_id: str, state: str, now: float) -> None:
         """vast's stop ("stopped") or start ("running") of the container (see account.stop)."""
         inst = self.get(instance_id)
+        salt = self.account.salt
         if state == "stopped":
-            self._task_effect(instance_id, account.stop(inst, now))
+            self._task_effect(instance_id, account.stop(inst, now, self.config, salt))
         else:
-            self._task_effect(instance_id, account.start(inst, now, self.config))
+            self._task_effect(instance_id, account.start(inst, now, self.config, salt))
+
+    def _storage_usd(self, inst: SimInstance, now: float) -> float:
+        """What `inst`'s disk billed while it was stopped."""
+        stopped_s = inst.storage_s(now)
+        if not stopped_s:
+            return 0.0
+        per_gb_h = self.machines[inst.machine_id].storage_per_gb_h
+        return per_gb_h * self.config.disk_gb * stopped_s / 3600.0
 
     def restart_daemon(self, instance_id: str, now: float) -> None:
         """Restart the proving daemon (see lifecycle.restart_daemon)."""
@@ -347,10 +357,12 @@ class World:
     def stats(self, now: float) -> dict[str, Any]:
         """Totals so far; live instances are billed up to `now`."""
         bills = []
+        storage = 0.0
         for inst in self._instances.values():
             machine = self.machines[inst.machine_id]
             bills.append((machine.dph, machine.num_gpus, inst.billed_s(now)))
-        summary = self.counters.summary(bills)
+            storage += self._storage_usd(inst, now)
+        summary = self.counters.summary(bills, storage)
         if self.config.foreign_instances:
             summary["foreign_destroyed"] = self.account.foreign_destroyed
         return summary

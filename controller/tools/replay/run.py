@@ -188,8 +188,9 @@ def _outcome(sim: Simulation, trail: _Trail) -> Outcome:
     stats = sim.stats
     waits, censored = waits_and_censored(sim)
     hours = stats["gpu_hours"]
+    gpu_spend = stats["spend_usd"] - stats.get("storage_usd", 0.0)  # the oracle parks nothing
     return Outcome(
-        name="fleetgate", instance_s=hours * 3600.0, dph=stats["spend_usd"] / hours if hours
+        name="fleetgate", instance_s=hours * 3600.0, dph=gpu_spend / hours if hours
         else 0.0, gpus_per_instance=1, waits=tuple(waits), censored=censored,
         instances_started=stats["instances_launched"],
         peak_instances=trail.peak,

@@ -1,0 +1,305 @@
+"""The warm pool: vast's stop and start in the simulator, the client, the guards and the facts.
+
+The simulator bills a stopped instance's storage only and keeps its boot progress; a start may
+wait for its host's GPUs; a stopped machine may be lost. The real client sends vast's documented
+`PUT /api/v0/instances/{id}/ {"state": ...}` (to the fake vast server and to the simulator's
+API); the guards refuse a stop on an instance with tasks and cap the parked ones; the facts read
+`parked` from fleetgate's own journaled stop only; a parked instance started beside a `scale_to`
+is the capacity that tick rents no new instance for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from support import NO_FAULTS, fact
+
+from controller.core import guards
+from controller.core.facts import build_facts
+from controller.core.model import Decision, Instance, Observation, Proposal
+from controller.core.policy import Guards
+from controller.core.track import History, advance
+from controller.fleet.actuator import Actuator, Job
+from controller.fleet.vast import VastProvider, VastSettings
+from controller.fleet.vast_client import VastClient
+from controller.sim import SimConfig, Simulation
+from controller.store.journal import Journal
+from tests.fakes.vast_server import FakeVast
+
+NOW = 200_000.0
+
+
+def sim(**overrides: Any) -> Simulation:
+    config = SimConfig(machines=4, busy_rate_per_h=0.0, **{**NO_FAULTS, **overrides})
+    return Simulation(config, seed=3)
+
+
+def booted(s: Simulation) -> str:
+    iid = s.world.launch("fg-a", s.now())
+    s.advance(4 * 3600)
+    assert (s.world.get(iid).status, s.world.get(iid).stage) == ("running", "running")
+    return iid
+
+
+# ---- the simulator ---------------------------------------------------------------------
+
+
+def test_a_stopped_instance_bills_its_storage_only() -> None:
+    s = sim()
+    iid = booted(s)
+    before = s.stats
+    s.world.set_state(iid, "stopped", s.now())
+    s.advance(10 * 3600)
+    after = s.stats
+    machine = s.world.machines[s.world.get(iid).machine_id]
+    storage = machine.storage_per_gb_h * s.config.disk_gb * 10
+    assert after["gpu_hours"] == pytest.approx(before["gpu_hours"])
+    assert after["storage_usd"] == pytest.approx(storage)
+    assert after["spend_usd"] - before["spend_usd"] == pytest.approx(storage)
+    assert 0 < storage / 10 < machine.dph / 3  # an hour stopped costs a fraction of one running
+
+
+def test_a_start_skips_the_boot_and_serves_in_minutes() -> None:
+    s = sim(start_wait_per_h=0.0)
+    iid = booted(s)
+    rate = s.world.get(iid).bench_rate
+    s.world.set_state(iid, "stopped", s.now())
+    s.advance(3600)
+    s.world.set_state(iid, "running", s.now())
+    inst = s.world.get(iid)
+    assert (inst.status, inst.stage) == ("loading", "running")  # no pull, params or bench
+    s.advance(s.config.start_s[1] + 1)
+    inst = s.world.get(iid)
+    assert (inst.status, inst.stage, inst.daemon, inst.bench_rate) == ("running", "running", "up",
+                                                                       rate)  # fmt: skip
+    assert s.stats["instances_launched"] == 1
+
+
+def test_a_start_waits_while_someone_else_holds_the_hosts_gpus() -> None:
+    s = sim(start_wait_per_h=1000.0, start_wait_s=(1800.0, 1800.0))
+    iid = booted(s)
+    s.world.set_state(iid, "stopped", s.now())
+    s.advance(600)
+    s.world.set_state(iid, "running", s.now())
+    inst = s.world.get(iid)
+    assert (inst.status, inst.status_msg.split(":")[0]) == ("stopped", "scheduling")
+    gpu_hours = s.stats["gpu_hours"]
+    s.advance(1700)
+    assert s.world.get(iid).status == "stopped"
+    assert s.stats["gpu_hours"] == pytest.approx(gpu_hours)  # waiting bills no GPU
+    s.advance(100 + s.config.start_s[1] + 1)
+    assert s.world.get(iid).status == "running"
+
+
+def test_a_stopped_machine_can_be_lost() -> None:
+    s = sim(stopped_loss_per_h=50.0)
+    iid = booted(s)
+    s.world.set_state(iid, "stopped", s.now())
+    s.advance(3600)
+    assert s.world.get(iid).status == "exited"
+
+
+def test_without_stops_nothing_changes_and_nothing_bills_storage() -> None:
+    s = sim()
+    booted(s)
+    assert s.stats["storage_usd"] == 0.0
+
+
+# ---- the client: vast's documented call -------------------------------------------------
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeVast]:
+    with FakeVast(api_key="vast-test-key-warm") as server:
+        yield server
+
+
+def test_stop_and_start_send_vasts_put_state(fake: FakeVast) -> None:
+    iid = fake.add_instance(status="running", label="fg-x")
+    settings = VastSettings(base_url=fake.url, api_key="vast-test-key-warm", image="img:1",
+                            timeout_s=2.0)  # fmt: skip
+    with requests.Session() as session:
+        provider = VastProvider(VastClient(settings, session, sleep=lambda s: None), settings)
+        provider.stop(str(iid))
+        assert fake.instances[iid]["actual_status"] == "stopped"
+        provider.start(str(iid))
+    sent = [(q.method, q.path, q.body) for q in fake.requests if q.endpoint == "update"]
+    assert sent == [("PUT", f"/api/v0/instances/{iid}/", {"state": "stopped"}),
+                    ("PUT", f"/api/v0/instances/{iid}/", {"state": "running"})]  # fmt: skip
+
+
+def test_the_fleet_path_parks_and_starts_through_the_simulated_api(tmp_path: Path) -> None:
+    from sim_support import sim_fleet
+
+    s = sim(start_wait_per_h=0.0)
+    iid = booted(s)
+    journal = Journal(tmp_path / "j.db")
+    fleet, _, _ = sim_fleet(s, journal)
+    fleet.stop(iid)
+    listed = {i.id: i for i in fleet.list_instances()}
+    assert listed[iid].status == "stopped"
+    assert listed[iid].dph < s.world.machines[s.world.get(iid).machine_id].dph  # storage only
+    fleet.start(iid)
+    s.advance(s.config.start_s[1] + 1)
+    assert s.world.get(iid).status == "running"
+    journal.close()
+
+
+# ---- guards ------------------------------------------------------------------------------
+
+
+def check(*decisions: Decision, facts: list[dict[str, Any]], **limits: Any) -> list[Decision]:
+    by_id = {str(f["id"]): f for f in facts}
+    out, _ = guards.check(list(decisions), guards.Context(by_id, History(), Guards(**limits), NOW))
+    return out
+
+
+def act(action: str, **params: Any) -> Decision:
+    return Decision(Proposal(action, params, "rule:r", "because", 0.9), "act", "matched")
+
+
+def test_a_stop_on_an_instance_with_tasks_is_vetoed() -> None:
+    facts = [fact("fleet"), fact("instance", "i1", tasks_running=1, drained=False, parked=False)]
+    [d] = check(act("stop", instance="i1"), facts=facts)
+    assert (d.verdict, d.guard) == ("veto", "drain_before_stop")
+
+
+def test_a_stop_on_an_undrained_idle_instance_drains_it_first() -> None:
+    facts = [fact("fleet"), fact("instance", "i1", tasks_running=0, drained=False, parked=False)]
+    [d] = check(act("stop", instance="i1"), facts=facts)
+    assert (d.verdict, d.effective_action) == ("act", "drain")
+
+
+def test_a_drained_idle_instance_is_stopped_within_max_parked_and_destroyed_beyond() -> None:
+    idle = {"tasks_running": 0, "drained": True, "parked": False}
+    facts = [fact("fleet", instances=3, parked=1), fact("instance", "i1", **idle),
+             fact("instance", "i2", **idle)]  # fmt: skip
+    a, b = check(act("stop", instance="i1"), act("stop", instance="i2"), facts=facts,
+                 max_parked=2)  # fmt: skip
+    assert (a.verdict, a.effective_action) == ("act", "stop")
+    # the pool is full: the idle instance goes, as it would have without the warm pool
+    assert (b.verdict, b.effective_action, b.guard) == ("act", "destroy", "max_parked")
+
+
+def test_a_stop_keeps_min_instances_unparked() -> None:
+    idle = {"tasks_running": 0, "drained": True, "parked": False}
+    facts = [fact("fleet", instances=2, parked=1), fact("instance", "i1", **idle)]
+    [d] = check(act("stop", instance="i1"), facts=facts, min_instances=1)
+    assert (d.verdict, d.guard) == ("veto", "min_instances")
+    [d] = check(act("stop", instance="i1"), facts=facts, min_instances=0)
+    assert (d.verdict, d.effective_action) == ("act", "stop")
+
+
+def parked_fact(iid: str, **extra: Any) -> dict[str, Any]:
+    return fact("instance", iid, status="stopped", daemon="down", sidecar="down",
+                tasks_running=0, parked=True, parked_for_s=600.0, dph=0.07, **extra)  # fmt: skip
+
+
+def test_a_start_is_the_capacity_scale_to_wanted_and_counts_as_a_launch() -> None:
+    facts = [fact("fleet", instances=3, active=2, parked=1), parked_fact("p1")]
+    scale, start = check(act("scale_to", count=3), act("start", instance="p1"), facts=facts)
+    assert (start.verdict, start.effective_action) == ("act", "start")
+    assert scale.verdict == "noop"  # the start is the third instance: nothing is rented
+    more, start = check(act("scale_to", count=4), act("start", instance="p1"), facts=facts)
+    assert more.effective_params == {"count": 1} and start.verdict == "act"
+    [capped] = check(act("start", instance="p1"), facts=facts, max_instances=2)
+    assert (capped.verdict, capped.guard) == ("veto", "max_instances")
+
+
+def test_only_the_starts_scale_to_wants_are_made() -> None:
+    facts = [fact("fleet", instances=4, active=2, parked=2), parked_fact("p1"),
+             parked_fact("p2")]  # fmt: skip
+    _, a, b = check(act("scale_to", count=3), act("start", instance="p1"),
+                    act("start", instance="p2"), facts=facts)  # fmt: skip
+    assert (a.verdict, b.verdict) == ("act", "noop")
+
+
+def test_a_start_already_waiting_is_not_sent_again() -> None:
+    facts = [fact("fleet", parked=0), parked_fact("p1", starting_for_s=60.0)]
+    [d] = check(act("start", instance="p1"), facts=facts)
+    assert d.verdict == "noop"
+
+
+# ---- facts: parked is fleetgate's own stop ---------------------------------------------
+
+
+def inst(iid: str, status: str) -> Instance:
+    return Instance(id=iid, label=f"fg-{iid}", machine_id="m1", host_id="h1", status=status,
+                    stage="running", daemon="down" if status != "running" else "up",
+                    sidecar="down" if status != "running" else "up", gpu_name="RTX 4090",
+                    num_gpus=1, dph=0.07 if status == "stopped" else 0.6)  # fmt: skip
+
+
+def facts_at(hist: History, now: float, *instances: Instance) -> tuple[History, dict[str, Any]]:
+    obs = Observation(now=now, instances=tuple(instances), demand=(), sensors=())
+    tracks, _ = advance(hist, obs, now)
+    hist = History(instances=tracks, last_acted=hist.last_acted)
+    return hist, {str(f["id"]): f for f in build_facts(obs, hist, now)}
+
+
+def test_parked_only_when_fleetgate_stopped_it_until_it_runs_after_a_start() -> None:
+    hist, _ = facts_at(History(), NOW, inst("a", "running"), inst("b", "running"))
+    hist = History(instances=hist.instances, last_acted={"stop:instance:a": NOW + 10})
+    hist, f = facts_at(hist, NOW + 60, inst("a", "stopped"), inst("b", "stopped"))
+    assert (f["a"]["parked"], f["a"]["parked_for_s"]) == (True, 50.0)
+    assert f["b"]["parked"] is False and "parked_for_s" not in f["b"]  # someone else's stop
+    assert (f["fleet"]["parked"], f["fleet"]["active"]) == (1, 1)
+    acted = {"stop:instance:a": NOW + 10, "start:instance:a": NOW + 70}
+    hist = History(instances=hist.instances, last_acted=acted)
+    hist, f = facts_at(hist, NOW + 100, inst("a", "loading"), inst("b", "stopped"))
+    assert f["a"]["parked"] and f["a"]["starting_for_s"] == 30.0
+    assert (f["fleet"]["parked"], f["fleet"]["active"]) == (0, 2)  # on its way, as a launch
+    hist, f = facts_at(hist, NOW + 200, inst("a", "running"), inst("b", "stopped"))
+    assert f["a"]["parked"] is False
+    # the journal's stop, older than its start, does not park it again
+    hist, f = facts_at(hist, NOW + 300, inst("a", "stopped"), inst("b", "stopped"))
+    assert f["a"]["parked"] is False
+
+
+def test_the_journaled_stop_is_what_parks_it(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j.db")
+    hist, _ = facts_at(journal.fleet.history(NOW), NOW, inst("a", "running"))
+    journal.fleet.save_tracks(hist.instances, [])
+    p = Proposal("stop", {"instance": "a"}, "rule:park", "idle", 0.9)
+    row = journal.actions.record(
+        tick_id=1, now=NOW + 10, action="stop", target=p.target, params=p.params,
+        proposer=p.proposer, reason=p.reason, confidence=0.9, verdict="act", why="w",
+        status="intent",
+    )  # fmt: skip
+    journal.actions.finish(row, NOW + 10, "ok", {})
+    _, f = facts_at(journal.fleet.history(NOW + 60), NOW + 60, inst("a", "stopped"))
+    journal.close()
+    assert (f["a"]["parked"], f["a"]["parked_for_s"]) == (True, 50.0)
+
+
+# ---- a parked instance started instead of a new rental ----------------------------------
+
+
+def test_a_parked_instance_is_started_instead_of_a_new_rental(tmp_path: Path) -> None:
+    from sim_support import sim_fleet
+
+    s = sim(start_wait_per_h=0.0)
+    iid = booted(s)
+    journal = Journal(tmp_path / "j.db")
+    fleet, _, _ = sim_fleet(s, journal)
+    fleet.stop(iid)
+    facts = [fact("fleet", instances=1, active=0, serving=0, parked=1), parked_fact(iid)]
+    plan = check(act("scale_to", count=1), act("start", instance=iid), facts=facts)
+    actuator = Actuator(fleet, journal, Guards())
+    for d in plan:
+        if d.verdict != "act":
+            continue
+        row = journal.actions.record(tick_id=1, now=s.now(), action=d.effective_action,
+                                     target=d.proposal.target, params=d.effective_params,
+                                     proposer="rule:r", reason="r", confidence=0.9,
+                                     verdict="act", why="w", status="intent")  # fmt: skip
+        actuator.execute(Job(d, row, 1, History(), s.now(), {iid: facts[1]}))
+    s.advance(s.config.start_s[1] + 1)
+    assert [d.verdict for d in plan] == ["noop", "act"]
+    assert s.world.get(iid).status == "running"
+    assert s.stats["instances_launched"] == 1  # no new rental
+    journal.close()
