@@ -169,12 +169,17 @@ class Outbox:
         out = self.escalator.deliver(job.escalation_id, s, str(esc["fingerprint"]),
                                      float(esc["created_at"]), now, why,
                                      [c for _, c in left])  # fmt: skip
+        self._settle(job, now, left, out, "delivered")
+
+    def _settle(self, job: Job, now: float, left: list[tuple[str, Any]], out: list[Any],
+                done: str) -> None:  # fmt: skip
+        """After a delivery to the channels `left`: try again those that failed, else done."""
         sent = [*job.sent, *(k for (k, _), d in zip(left, out, strict=True) if d.ok)]
         failed = [f"{d.channel}: {d.detail}" for d in out if not d.ok]
         if failed:
             self._again(job, now, "; ".join(failed), sent)
         else:
-            self._finish(job, now, f"delivered to {len(sent)} channel(s)", sent=sent)
+            self._finish(job, now, f"{done} to {len(sent)} channel(s)", sent=sent)
 
     def _notice(self, job: Job, now: float) -> None:
         """Send a notice to the channels that do not have it yet; keep each outcome."""
@@ -191,12 +196,7 @@ class Outbox:
         out = notifier.notice(job.notice, how, self.escalator.journal.meta.identity())
         self.jobs.delivered(job, [{"channel": d.channel, "at": now, "ok": d.ok,
                                    "detail": d.detail} for d in out])  # fmt: skip
-        sent = [*job.sent, *(k for (k, _), d in zip(left, out, strict=True) if d.ok)]
-        failed = [f"{d.channel}: {d.detail}" for d in out if not d.ok]
-        if failed:
-            self._again(job, now, "; ".join(failed), sent)
-        else:
-            self._finish(job, now, f"notice delivered to {len(sent)} channel(s)", sent=sent)
+        self._settle(job, now, left, out, "notice delivered")
 
     def _resolve(self, job: Job, now: float) -> None:
         esc = self.escalator.journal.escalations.escalation(job.escalation_id)

@@ -8,6 +8,7 @@ import re
 import secrets
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -216,3 +217,31 @@ def rules_leaving_frozen_to_people(where: Path) -> Path:
                                  if n.get("status") != "frozen"]  # fmt: skip
     (where / "lifecycle.yaml").write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     return where
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What an instance's agent record says about it (its own word, as the fleet reads it)."""
+
+    label: str
+    stage: str
+    bench_rate: float | None
+    host_and_port: str | None
+    vast_id: str = ""
+    machine_id: str = ""
+
+
+@contextmanager
+def curio_schema(dsn: str) -> Iterator[Any]:
+    """A Curio schema of its own in the test PostgreSQL (tests/fakes/curio_db.py), dropped
+    afterwards; a clear failure when no server answers."""
+    import psycopg
+    from fakes.curio_db import CurioDB
+
+    try:
+        with psycopg.connect(dsn, connect_timeout=5) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        pytest.fail(f"test PostgreSQL unreachable at {dsn!r} ({exc})", pytrace=False)
+    with CurioDB(dsn) as curio:
+        yield curio

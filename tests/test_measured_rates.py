@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 from fakes.curio_db import CurioDB
+from support import Claim, curio_schema
 
 from controller.core.gpu_rates import max_plausible
 from controller.core.model import Instance
@@ -44,12 +45,7 @@ T0 = 1_700_000_000.0
 
 @pytest.fixture
 def db() -> Iterator[CurioDB]:
-    try:
-        with psycopg.connect(DSN, connect_timeout=5) as conn:
-            conn.execute("SELECT 1")
-    except psycopg.Error as exc:
-        pytest.fail(f"test PostgreSQL unreachable at {DSN!r} ({exc})", pytrace=False)
-    with CurioDB(DSN) as curio:
+    with curio_schema(DSN) as curio:
         yield curio
 
 
@@ -61,15 +57,7 @@ def runs(db: CurioDB, node: str, n: int, seconds: float, *, name: str = "PoRep",
     for i in range(n):
         end_ago = ago_s + (i // side_by_side) * seconds
         rows.append((i, name, end_ago + seconds + 5, end_ago + seconds, end_ago, result, node))
-    db.conn.cursor().executemany(
-        psycopg.sql.SQL(
-            "INSERT INTO {}.harmony_task_history (task_id, name, posted, work_start, work_end,"
-            " result, err, completed_by_host_and_port) VALUES (%s, %s,"
-            " now() - make_interval(secs => %s), now() - make_interval(secs => %s),"
-            " now() - make_interval(secs => %s), %s, '', %s)"
-        ).format(psycopg.sql.Identifier(db.schema)),
-        rows,
-    )
+    insert_history(db, rows)
 
 
 def settings(db: CurioDB, **fields: Any) -> CurioSettings:
@@ -93,16 +81,6 @@ class Host:
     @property
     def own_node(self) -> str:
         return f"{self.ip}:{self.port}"
-
-
-@dataclass(frozen=True)
-class Claim:
-    label: str
-    stage: str
-    bench_rate: float | None
-    host_and_port: str | None
-    vast_id: str = ""
-    machine_id: str = ""
 
 
 class Vast:
@@ -350,15 +328,7 @@ def test_the_simulated_history_answers_as_postgres_does(db: CurioDB) -> None:
     nodes = {r.instance_id: curio_node(r.instance_id, r.machine_id) for r in world_runs}
     rows = [(r.task_id, r.name, now - r.posted, now - r.work_start, now - r.work_end, True,
              nodes[r.instance_id]) for r in world_runs]  # fmt: skip
-    db.conn.cursor().executemany(
-        psycopg.sql.SQL(
-            "INSERT INTO {}.harmony_task_history (task_id, name, posted, work_start, work_end,"
-            " result, err, completed_by_host_and_port) VALUES (%s, %s,"
-            " now() - make_interval(secs => %s), now() - make_interval(secs => %s),"
-            " now() - make_interval(secs => %s), %s, '', %s)"
-        ).format(psycopg.sql.Identifier(db.schema)),
-        rows,
-    )
+    insert_history(db, rows)
     real = CurioDemand(settings(db)).task_timings()
     simulated = CurioDemand(settings(db), connect=SimCurio.of(sim).connect).task_timings()
     assert len(real) == 2 and [(t.host_and_port, t.task, t.tasks) for t in simulated] == [
@@ -406,3 +376,17 @@ def test_a_simulated_tick_times_hosts_through_the_sim_wire(tmp_path: Path) -> No
     assert {m: rates[m] for m in timed} == timed
     assert any(claims.get(m) not in (None, r) for m, r in timed.items())  # claims kept apart
     app.close()
+
+
+def insert_history(db: CurioDB, rows: list[tuple[Any, ...]]) -> None:
+    """Rows of Curio's harmony_task_history: (task_id, name, posted, work_start, work_end
+    as seconds ago, result, completed_by_host_and_port)."""
+    db.conn.cursor().executemany(
+        psycopg.sql.SQL(
+            "INSERT INTO {}.harmony_task_history (task_id, name, posted, work_start, work_end,"
+            " result, err, completed_by_host_and_port) VALUES (%s, %s,"
+            " now() - make_interval(secs => %s), now() - make_interval(secs => %s),"
+            " now() - make_interval(secs => %s), %s, '', %s)"
+        ).format(psycopg.sql.Identifier(db.schema)),
+        rows,
+    )

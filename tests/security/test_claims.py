@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from fakes.curio_db import CurioDB
+from support import Claim, curio_schema
 
 from controller.core.gpu_rates import GLOBAL_MAX_RATE, max_plausible
 from controller.core.model import Instance
@@ -31,12 +31,7 @@ OPERATOR = "10.9.9.9:12300"
 
 @pytest.fixture
 def db() -> Iterator[CurioDB]:
-    try:
-        with psycopg.connect(DSN, connect_timeout=5) as conn:
-            conn.execute("SELECT 1")
-    except psycopg.Error as exc:
-        pytest.fail(f"test PostgreSQL unreachable at {DSN!r} ({exc})", pytrace=False)
-    with CurioDB(DSN) as curio:
+    with curio_schema(DSN) as curio:
         yield curio
 
 
@@ -63,16 +58,6 @@ def test_a_protected_node_is_never_drained_by_host_and_port_or_by_id(db: CurioDB
     assert db.machine(mine)["unschedulable"] is False
     assert by_id.drain("10.0.0.7:12300") == 1  # an unprotected node drains as before
     assert db.machine(other)["unschedulable"] is True
-
-
-@dataclass(frozen=True)
-class Claim:
-    label: str
-    stage: str
-    bench_rate: float | None
-    host_and_port: str | None
-    vast_id: str = ""
-    machine_id: str = ""
 
 
 class Vast:
