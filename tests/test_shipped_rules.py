@@ -63,6 +63,19 @@ def test_every_shipped_rule_test_passes() -> None:
     assert not failed, f"{len(failed)} of {len(results)} rule test(s) failed:\n{_report(failed)}"
 
 
+@pytest.mark.parametrize("variant", ["forecast", "warm-pool"])
+def test_the_opt_in_scaling_variants_pass_their_rule_tests(variant: str) -> None:
+    """The scaling variants under controller/examples/ (each in place of scaling.yaml, beside
+    the other shipped files): their tests pass as `fleetgate test-rules DIR` runs them."""
+    tests = ROOT / "controller" / "examples" / variant / "tests"
+    results = run_files([tests])
+    assert len(results) >= 10, f"too few rule tests in {tests}"
+    failed = [r for r in results if not r.ok]
+    assert not failed, f"{len(failed)} of {len(results)} rule test(s) failed:\n{_report(failed)}"
+    done = _cli(str(tests))
+    assert done.returncode == 0 and f"{len(results)} passed, 0 failed" in done.stdout, done.stdout
+
+
 def test_every_shipped_rule_is_expected_to_fire_somewhere() -> None:
     names = {rule.name for rule in read_rulebook([RULES]).rules}
     assert names, "no shipped rules found"
