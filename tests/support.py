@@ -245,3 +245,16 @@ def curio_schema(dsn: str) -> Iterator[Any]:
         pytest.fail(f"test PostgreSQL unreachable at {dsn!r} ({exc})", pytrace=False)
     with CurioDB(dsn) as curio:
         yield curio
+
+
+# A rules file that asks people about a grown fleet: a `requested` escalation on demand.
+ASKS = """\
+# Questions for people: what the operators want to look at themselves.
+rules:
+  - name: ask-about-a-grown-fleet
+    description: The fleet has grown; the operators look at it themselves.
+    when:
+      fleet: {instances: {gte: 2}}
+    then: {action: escalate, reason: "the fleet has {{ fleet.instances }} instance(s)"}
+    confidence: 0.9
+"""

@@ -10,23 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import NO_FAULTS
+from support import ASKS, NO_FAULTS
 
 from controller.service.app import App
 from controller.service.assemble import assemble
 from controller.service.config import parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
-ASKS = """\
-# Questions for people: what the operators want to look at themselves.
-rules:
-  - name: ask-about-a-grown-fleet
-    description: The fleet has grown; the operators look at it themselves.
-    when:
-      fleet: {instances: {gte: 2}}
-    then: {action: escalate, reason: "the fleet has {{ fleet.instances }} instance(s)"}
-    confidence: 0.9
-"""
 
 
 @pytest.fixture

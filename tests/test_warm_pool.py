@@ -132,7 +132,8 @@ def test_stop_and_start_send_vasts_put_state(fake: FakeVast) -> None:
                     ("PUT", f"/api/v0/instances/{iid}/", {"state": "running"})]  # fmt: skip
 
 
-def test_the_fleet_path_parks_and_starts_through_the_simulated_api(tmp_path: Path) -> None:
+def parked_on_the_fleet_path(tmp_path: Path) -> tuple[Any, str, Journal, Any]:
+    """A booted simulated instance, parked through the real fleet path (no start waits)."""
     from sim_support import sim_fleet
 
     s = sim(start_wait_per_h=0.0)
@@ -140,6 +141,11 @@ def test_the_fleet_path_parks_and_starts_through_the_simulated_api(tmp_path: Pat
     journal = Journal(tmp_path / "j.db")
     fleet, _, _ = sim_fleet(s, journal)
     fleet.stop(iid)
+    return s, iid, journal, fleet
+
+
+def test_the_fleet_path_parks_and_starts_through_the_simulated_api(tmp_path: Path) -> None:
+    s, iid, journal, fleet = parked_on_the_fleet_path(tmp_path)
     listed = {i.id: i for i in fleet.list_instances()}
     assert listed[iid].status == "stopped"
     assert listed[iid].dph < s.world.machines[s.world.get(iid).machine_id].dph  # storage only
@@ -280,13 +286,7 @@ def test_the_journaled_stop_is_what_parks_it(tmp_path: Path) -> None:
 
 
 def test_a_parked_instance_is_started_instead_of_a_new_rental(tmp_path: Path) -> None:
-    from sim_support import sim_fleet
-
-    s = sim(start_wait_per_h=0.0)
-    iid = booted(s)
-    journal = Journal(tmp_path / "j.db")
-    fleet, _, _ = sim_fleet(s, journal)
-    fleet.stop(iid)
+    s, iid, journal, fleet = parked_on_the_fleet_path(tmp_path)
     facts = [fact("fleet", instances=1, active=0, serving=0, parked=1), parked_fact(iid)]
     plan = check(act("scale_to", count=1), act("start", instance=iid), facts=facts)
     actuator = Actuator(fleet, journal, Guards())

@@ -14,7 +14,7 @@ import pytest
 import requests
 from dash.deck import CONFIG, TOKEN, Deck, answer_csrf, csrf_of, running
 from pydantic import SecretStr
-from support import served
+from support import ASKS, served
 
 from controller.service.api import create_app
 from controller.service.dashboard import COOKIE, SESSION_S, Sessions, View, wants_html
@@ -90,15 +90,6 @@ def test_the_session_cookie_holds_no_token_and_lapses(deck: Deck) -> None:
 
 
 ROOT = Path(__file__).resolve().parents[2]
-ASKS = """\
-rules:
-  - name: ask-about-a-grown-fleet
-    description: The fleet has grown; the operators look at it themselves.
-    when:
-      fleet: {instances: {gte: 2}}
-    then: {action: escalate, reason: "the fleet has {{ fleet.instances }} instance(s)"}
-    confidence: 0.9
-"""
 
 
 def test_the_dashboard_shows_what_the_journal_holds(
