@@ -22,11 +22,11 @@ from support import Claim, curio_schema
 
 from controller.core.gpu_rates import max_plausible
 from controller.core.model import Instance
-from controller.core.track import MIN_MEASURED_TASKS, History, advance
+from controller.core.track import MIN_MEASURED_TASKS, History, Measured, advance, timed_as_claim
 from controller.fleet.base import LaunchRequest
 from controller.fleet.curio import CurioDemand, CurioSettings, TaskTiming, node_rates
 from controller.fleet.observe import RealFleet
-from controller.fleet.vast_offers import rank_offers
+from controller.fleet.vast_offers import GOOD_RATE, rank_offers
 from controller.service.app import App
 from controller.service.assemble import assemble
 from controller.service.config import Config
@@ -257,8 +257,31 @@ def test_a_node_whose_times_are_implausible_is_held_to_its_gpus_bound(
     db: CurioDB, journal: Journal
 ) -> None:
     fleet = Fleet(db, [FAST], journal)
+    fleet.tick()  # its claim is journaled
     runs(db, FAST.own_node, 50, 1.0)  # a proof a second: a node clock that lies
-    assert fleet.history().launch_rates()["m-fast"] == CLAIM_MAX
+    hist = fleet.history()
+    assert hist.measured_rates()["m-fast"] == CLAIM_MAX
+    assert hist.launch_rates()["m-fast"] == 25.0  # timed faster than it claims: the claim ranks
+
+
+def test_timings_of_long_work_do_not_rank_honest_hosts_as_slow() -> None:
+    """A queue of long tasks times every host at a fraction of its claim: among peers the
+    timings are put on the claims' scale, so honest hosts keep their claims and only the
+    one that does a fraction of what its peers do for their claims ranks by its timing."""
+    claims = {"m-a": 40.0, "m-b": 30.0, "m-c": 20.0, "m-d": 35.0, "m-liar": CLAIM_MAX}
+    timed = {"m-a": 4.2, "m-b": 2.9, "m-c": 2.1, "m-d": 3.3, "m-liar": 0.5}  # tasks of ~8 proofs
+    scaled = timed_as_claim(claims, timed)
+    assert scaled["m-a"] == pytest.approx(40.0, rel=0.1)
+    hist = History(host_rates=claims, measured={
+        m: Measured(m, f"10.0.0.1:{n}", f"i-{n}", 9, 9 * 3600.0 / r, r, 0.0)
+        for n, (m, r) in enumerate(timed.items())})  # fmt: skip
+    rates = hist.launch_rates()
+    assert {m: rates[m] for m in ("m-a", "m-b", "m-c", "m-d")} == {
+        "m-a": 40.0, "m-b": 30.0, "m-c": 20.0, "m-d": 35.0}  # fmt: skip
+    assert rates["m-liar"] == pytest.approx(0.5 * scaled["m-a"] / 4.2, rel=0.01)
+    assert rates["m-liar"] < GOOD_RATE  # rented after every host that does what it claims
+    # with too few peers to scale by, a timing is taken as it is
+    assert timed_as_claim({"m-a": 40.0}, {"m-a": 4.2}) == {"m-a": 4.2}
 
 
 def test_only_recent_successful_proving_runs_are_timed(db: CurioDB) -> None:
@@ -373,8 +396,14 @@ def test_a_simulated_tick_times_hosts_through_the_sim_wire(tmp_path: Path) -> No
     assert timed, "some host ran three tasks in two hours"
     rates = planned.history.launch_rates()
     claims = planned.history.host_rates
-    assert {m: rates[m] for m in timed} == timed
     assert any(claims.get(m) not in (None, r) for m, r in timed.items())  # claims kept apart
+    # the world's hosts do what they claim: each timed host ranks by its claim, or by its
+    # timing on the claims' scale where that is under half the claim
+    scaled = timed_as_claim(claims, timed)
+    for m in timed:
+        claim = claims.get(m)
+        slow = claim is None or scaled[m] < claim * 0.5
+        assert rates[m] == pytest.approx(scaled[m] if slow else claim)
     app.close()
 
 

@@ -132,6 +132,28 @@ def measured_events(journaled: dict[str, Measured], sensed: dict[str, Measured],
     return events
 
 
+SLOWER_THAN_CLAIMED = 0.5  # a host timed below this share of its claim ranks by the timing
+MIN_PEERS_TO_SCALE = 3  # hosts both claimed and timed before timings are put on the claims' scale
+
+
+def timed_as_claim(claims: dict[str, float], timed: dict[str, float]) -> dict[str, float]:
+    """Curio's timings on the benchmarks' scale.
+
+    A timed rate counts weighted tasks an hour, and how long a task runs is the work's as
+    much as the host's (a queue of long tasks times every host slow). Where at least
+    `MIN_PEERS_TO_SCALE` hosts have both a claim and a timing, each timing is multiplied by
+    the fleet's median ratio of claim to timing: honest hosts then time at about their claim,
+    whatever the work, and a host that claims more than it does stands out by how far it
+    falls below. With fewer, the timings are taken as they are (weights that make one task
+    one proof, as the weights in `curio.tasks` are meant to)."""
+    ratios = sorted(claims[m] / r for m, r in timed.items() if r > 0 and claims.get(m))
+    if len(ratios) < MIN_PEERS_TO_SCALE:
+        return dict(timed)
+    mid = len(ratios) // 2
+    scale = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+    return {m: r * scale for m, r in timed.items()}
+
+
 BLOCK_S = 86_400.0  # a host's first block
 BLOCK_MAX_S = 30 * 86_400.0  # the longest a block grows to
 
@@ -187,11 +209,15 @@ class History:
         return rates
 
     def launch_rates(self) -> dict[str, float]:
-        """Rates to rank offers by: what Curio measured of a host where it timed enough tasks,
-        else the host's (bounded) benchmark claim; a host that was ever blocked counts as
-        known slow (0.0) whatever its rate: once its block ends it is rented last, not first."""
+        """Rates to rank offers by: the host's (bounded) benchmark claim, lowered to what
+        Curio measured where it timed enough tasks and the host is clearly slower than it
+        claims (`timed_as_claim`); a host that was ever blocked counts as known slow (0.0)
+        whatever its rate: once its block ends it is rented last, not first."""
         rates = dict(self.host_rates)
-        rates.update(self.measured_rates())
+        for machine, timed in timed_as_claim(self.host_rates, self.measured_rates()).items():
+            claim = rates.get(machine)
+            if claim is None or timed < claim * SLOWER_THAN_CLAIMED:
+                rates[machine] = timed
         rates.update((machine, 0.0) for machine in self.host_failures)
         return rates
 
