@@ -57,7 +57,8 @@ class ForecastCache:
 def gather(journal: Journal, provider: Sensed, demand: DemandSensor, now: float, *,
            pending_s: float, boot_s: float = forecast.DEFAULT_BOOT_S,
            tasks_per_instance: float = 2,
-           cache: ForecastCache | None = None) -> Gathered:  # fmt: skip
+           cache: ForecastCache | None = None,
+           measured_cache: MeasuredCache | None = None) -> Gathered:  # fmt: skip
     """One read of history, then sensing (`sense`), then the listing's sanity check; then
     the demand forecast one boot time ahead (`boot_s` until the fleet's own boots say),
     reused from `cache` while what it is made from is unchanged."""
@@ -73,7 +74,7 @@ def gather(journal: Journal, provider: Sensed, demand: DemandSensor, now: float,
         approved = tuple(approvals.approved_proposals(journal))
         pending = tuple(journal.escalations.recent(status="pending"))
         vetoes = recent_vetoes(journal, now)
-        measured = recent_measured(journal, now)
+        measured = recent_measured(journal, now, measured_cache)
         paused = bool(journal.meta.get("paused", False))
     sensed = sense(provider, demand, now, hist.instances, destroyed)
     # rates Curio measured: data for the plan (journaled as `measured` events by `advance`)
@@ -107,16 +108,34 @@ def recent_vetoes(journal: Journal, now: float) -> frozenset[tuple[str, ...]]:
 MEASURED_KEEP_S = 7 * 86_400.0  # a host's last measurement ranks it this long after
 
 
-def recent_measured(journal: Journal, now: float) -> dict[str, Measured]:
-    """Each host's latest `measured` event within MEASURED_KEEP_S, by machine id."""
+@dataclass
+class MeasuredCache:
+    """The hosts' latest `measured` events read so far, and the last event id read: a tick
+    reads only the events journaled since (a week of them is thousands of rows)."""
+
+    last_id: int = 0
+    latest: dict[str, tuple[float, int, Measured]] = field(default_factory=dict)
+
+
+def recent_measured(journal: Journal, now: float,
+                    cache: MeasuredCache | None = None) -> dict[str, Measured]:  # fmt: skip
+    """Each host's latest `measured` event within MEASURED_KEEP_S, by machine id; with
+    `cache`, from the events after the last one it read (ids only grow)."""
+    cache = cache if cache is not None else MeasuredCache()
+    since = now - MEASURED_KEEP_S
     rows = journal.store.query(
-        "SELECT instance_id, at, detail FROM events WHERE kind = 'measured' AND at >= ? "
-        "ORDER BY at, id", (now - MEASURED_KEEP_S,))  # fmt: skip
-    out: dict[str, Measured] = {}
+        "SELECT id, instance_id, at, detail FROM events WHERE kind = 'measured' AND at >= ? "
+        "AND id > ? ORDER BY at, id", (since, cache.last_id))  # fmt: skip
     for r in rows:
         m = Measured.of_event(str(r["instance_id"]), float(r["at"]), json.loads(r["detail"]))
-        out[m.machine_id] = m
-    return out
+        key = (float(r["at"]), int(r["id"]))
+        held = cache.latest.get(m.machine_id)
+        if held is None or key >= held[:2]:
+            cache.latest[m.machine_id] = (*key, m)
+        cache.last_id = max(cache.last_id, int(r["id"]))
+    for machine in [k for k, (at, _, _) in cache.latest.items() if at < since]:
+        del cache.latest[machine]
+    return {machine: m for machine, (_, _, m) in cache.latest.items()}
 
 
 def sense(provider: Sensed, demand: DemandSensor, now: float,

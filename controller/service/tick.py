@@ -40,7 +40,7 @@ from controller.fleet.base import Actuated, DemandSensor, Sensed
 from controller.rules.source import RulesSource
 from controller.service import apply, autonomy
 from controller.service.clockwatch import ClockWatch, Jump
-from controller.service.gather import ForecastCache, Gathered, gather, sense
+from controller.service.gather import ForecastCache, Gathered, MeasuredCache, gather, sense
 from controller.service.plan import Planned, plan
 from controller.store.backend import JournalError, JournalLost
 from controller.store.journal import Journal
@@ -98,6 +98,7 @@ class Controller:
         self._journal_id: str | None = None  # noted at the first tick
         self._standing: tuple[Doubt, ...] = ()  # doubts that hold while the process runs
         self._forecasts = ForecastCache()  # the last forecasts, while their inputs hold
+        self._measured = MeasuredCache()  # the hosts' latest measurements read so far
         self._autonomy: dict[str, Any] = {}  # the track record's last review by this process
 
     def gather(self, now: float) -> Gathered:
@@ -106,7 +107,7 @@ class Controller:
                       pending_s=self.settings.guards.launch_pending_s,
                       boot_s=float(values.get("forecast_boot_s", DEFAULT_BOOT_S)),
                       tasks_per_instance=float(values.get("tasks_per_instance", 2)),
-                      cache=self._forecasts)  # fmt: skip
+                      cache=self._forecasts, measured_cache=self._measured)  # fmt: skip
 
     def plan(self, now: float, extra: Sequence[Proposal] = ()) -> Planned:
         """Gather and plan: nothing is stored or changed."""
