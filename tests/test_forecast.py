@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import time
 from pathlib import Path
 
@@ -216,6 +217,32 @@ def test_the_demand_history_reads_windows_and_fills_quiet_tasks_with_zero(tmp_pa
         j.close()
 
 
+def test_a_kept_window_of_the_demand_history_answers_as_reading_it_all(tmp_path: Path) -> None:
+    """The window a controller keeps gives the forecast the rows a full read would, tick
+    after tick, with overlapping spans, rows written out of order and rows of equal time, and
+    reads only the rows written since its last read."""
+    from controller.store.demand import Window
+
+    j = Journal(tmp_path / "j.db")
+    try:
+        window = Window()
+        rng = random.Random(5)
+        for k in range(300):
+            at = 60.0 * k if k != 150 else 60.0 * 140  # one tick written late
+            tasks = [Demand("all", rng.randint(0, 9), rng.randint(0, 3))]
+            tasks += [Demand("PoRep", rng.randint(0, 4), 0)] if k % 3 else []
+            j.demand.record(at, tasks, {})
+            if k % 7 and k != 299:
+                continue
+            now = 60.0 * k
+            spans = [(now - 1800.0, now), (now - 3000.0, now - 1500.0), (now - 9000.0, now - 8000)]
+            assert j.demand.series(spans, window) == j.demand.series(spans), k
+        assert window.last_id == j.store.query("SELECT max(id) AS m FROM demand_history")[0]["m"]
+        assert window.ats and window.ats[0] >= 60.0 * 299 - 9000.0  # the older rows dropped
+    finally:
+        j.close()
+
+
 def test_simulate_reports_the_forecasts_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -250,9 +277,9 @@ def test_a_tick_reuses_the_forecast_while_what_it_is_made_from_holds(tmp_path: P
         reads: list[object] = []
         series = c.journal.demand.series
 
-        def counted(spans: object) -> object:
+        def counted(spans: object, window: object = None) -> object:
             reads.append(spans)
-            return series(spans)  # type: ignore[arg-type]
+            return series(spans, window)  # type: ignore[arg-type]
 
         c.journal.demand.series = counted  # type: ignore[method-assign]
         cache, now = ForecastCache(), 10 * FORECAST_EVERY_S

@@ -18,6 +18,7 @@ from controller.core.reconcile import VETO_REPEAT_S, veto_key
 from controller.core.sanity import check_listing
 from controller.core.track import History, Measured
 from controller.fleet.base import DemandSensor, ProviderError, Sensed, SensorError, StaleReading
+from controller.store.demand import Window
 from controller.store.journal import Journal
 from escalation import approvals
 
@@ -52,6 +53,7 @@ class ForecastCache:
 
     key: tuple[Any, ...] = ()
     value: dict[str, Any] = field(default_factory=dict)
+    window: Window = field(default_factory=Window)  # the history's rows the forecasts read
 
 
 def gather(journal: Journal, provider: Sensed, demand: DemandSensor, now: float, *,
@@ -87,7 +89,8 @@ def gather(journal: Journal, provider: Sensed, demand: DemandSensor, now: float,
         if cache is not None and cache.key == key:
             forecasts = cache.value
         else:  # the demand history is written by the leader's own ticks alone, after gather
-            series = journal.demand.series(forecast.spans(now, horizon))
+            spans = forecast.spans(now, horizon)
+            series = journal.demand.series(spans, cache.window if cache is not None else None)
             forecasts = forecast.by_task(series, current, now, horizon, tasks_per_instance)
             if cache is not None:
                 cache.key, cache.value = key, forecasts

@@ -12,18 +12,59 @@ keeps less.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from controller.core.forecast import Forecast
 from controller.core.model import Demand
 from controller.store.aggregate import Aggregate
-from controller.store.backend import JournalError
+from controller.store.backend import JournalError, Store
 
 KEEP_S = 15 * 86_400.0
 PRUNE_EVERY = 1000
 
 Sample = tuple[float, float]
+
+
+Row = tuple[float, str, float]  # at, task, demand
+
+
+@dataclass
+class Window:
+    """The demand history's rows from the earliest span a forecast reads on, in memory, by
+    (at, id), and the last row id read: each read fetches only the rows written since. The
+    rows before the earliest span asked for are dropped (spans only move forward)."""
+
+    last_id: int = 0
+    ats: list[float] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
+
+    def rows_within(self, store: Store, spans: Sequence[tuple[float, float]]) -> list[Row]:
+        start = min(lo for lo, _ in spans)
+        new = store.query("SELECT id, at, task, demand FROM demand_history WHERE id > ? "
+                          "AND at >= ? ORDER BY at, id", (self.last_id, start))  # fmt: skip
+        if new:
+            self.last_id = max(self.last_id, max(int(r["id"]) for r in new))
+            fresh = [(float(r["at"]), str(r["task"]), float(r["demand"])) for r in new]
+            if self.ats and fresh[0][0] < self.ats[-1]:  # written out of order: sort again
+                self.rows = sorted(self.rows + fresh, key=lambda r: r[0])  # stable: by id
+                self.ats = [r[0] for r in self.rows]
+            else:
+                self.rows.extend(fresh)
+                self.ats.extend(r[0] for r in fresh)
+        drop = bisect_left(self.ats, start)
+        if drop:
+            del self.ats[:drop], self.rows[:drop]
+        picked: list[Row] = []
+        last = 0  # spans that overlap give each row once
+        for lo, hi in sorted(spans):
+            first = max(bisect_left(self.ats, lo), last)
+            end = bisect_right(self.ats, hi)
+            picked.extend(self.rows[first:end])
+            last = max(last, end)
+        return picked
 
 
 class DemandHistory(Aggregate):
@@ -57,28 +98,35 @@ CREATE INDEX IF NOT EXISTS demand_history_at ON demand_history(at);
             if self._records % PRUNE_EVERY == 0:
                 db.execute("DELETE FROM demand_history WHERE at < ?", (now - KEEP_S,))
 
-    def series(self, spans: Sequence[tuple[float, float]]) -> dict[str, list[Sample]]:
+    def series(self, spans: Sequence[tuple[float, float]],
+               window: Window | None = None) -> dict[str, list[Sample]]:  # fmt: skip
         """(at, demand) per task within any of `spans` ([from, to], inclusive), by `at`; a
-        tick with an `all` row and no row for a task gives that task 0."""
+        tick with an `all` row and no row for a task gives that task 0.
+
+        With `window`, the rows come from it, brought up to date with the rows written since
+        it last read (the same answer as reading them all; a tick's forecast reads a week of
+        rows and a controller keeps them rather than read them again every tick)."""
         if not spans:
             return {}
-        where = " OR ".join("(at >= ? AND at <= ?)" for _ in spans)
-        args = [x for span in spans for x in span]
         try:
-            rows = self.store.query(
-                f"SELECT at, task, demand FROM demand_history WHERE {where} ORDER BY at", args
-            )
+            if window is not None:
+                rows = window.rows_within(self.store, spans)
+            else:
+                where = " OR ".join("(at >= ? AND at <= ?)" for _ in spans)
+                args = [x for span in spans for x in span]
+                rows = [(float(r["at"]), str(r["task"]), float(r["demand"])) for r in
+                        self.store.query("SELECT at, task, demand FROM demand_history "
+                                         f"WHERE {where} ORDER BY at, id", args)]  # fmt: skip
         except JournalError:
             if not getattr(self.store, "read_only", False):
                 raise
             return {}  # a journal from before the demand history, opened read-only (explain)
         ticks: list[float] = []
         seen: dict[str, dict[float, float]] = defaultdict(dict)
-        for r in rows:
-            at = float(r["at"])
-            if r["task"] == "all":
+        for at, task, demand in rows:
+            if task == "all":
                 ticks.append(at)
-            seen[str(r["task"])][at] = float(r["demand"])
+            seen[task][at] = demand
         return {task: [(at, values.get(at, 0.0)) for at in ticks] for task, values in seen.items()}
 
     def scored(self, task: str = "all") -> list[tuple[float, float, float | None, float | None]]:
