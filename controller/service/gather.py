@@ -126,9 +126,17 @@ def recent_measured(journal: Journal, now: float,
     `cache`, from the events after the last one it read (ids only grow)."""
     cache = cache if cache is not None else MeasuredCache()
     since = now - MEASURED_KEEP_S
-    rows = journal.store.query(
-        "SELECT id, instance_id, at, detail FROM events WHERE kind = 'measured' AND at >= ? "
-        "AND id > ? ORDER BY at, id", (since, cache.last_id))  # fmt: skip
+    if cache.last_id:  # the events after the last read, by id (not a scan of a week's)
+        rows = journal.store.query(
+            "SELECT id, instance_id, at, detail FROM events WHERE id > ? "
+            "AND kind || '' = 'measured' AND at >= ? ORDER BY id",
+            (cache.last_id, since),
+        )
+        rows.sort(key=lambda r: (float(r["at"]), int(r["id"])))
+    else:
+        rows = journal.store.query(
+            "SELECT id, instance_id, at, detail FROM events WHERE kind = 'measured' AND at >= ? "
+            "ORDER BY at, id", (since,))  # fmt: skip
     for r in rows:
         m = Measured.of_event(str(r["instance_id"]), float(r["at"]), json.loads(r["detail"]))
         key = (float(r["at"]), int(r["id"]))

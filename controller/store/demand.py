@@ -43,17 +43,20 @@ class Window:
 
     def rows_within(self, store: Store, spans: Sequence[tuple[float, float]]) -> list[Row]:
         start = min(lo for lo, _ in spans)
-        new = store.query("SELECT id, at, task, demand FROM demand_history WHERE id > ? "
-                          "AND at >= ? ORDER BY at, id", (self.last_id, start))  # fmt: skip
-        if new:
-            self.last_id = max(self.last_id, max(int(r["id"]) for r in new))
-            fresh = [(float(r["at"]), str(r["task"]), float(r["demand"])) for r in new]
-            if self.ats and fresh[0][0] < self.ats[-1]:  # written out of order: sort again
-                self.rows = sorted(self.rows + fresh, key=lambda r: r[0])  # stable: by id
-                self.ats = [r[0] for r in self.rows]
-            else:
-                self.rows.extend(fresh)
-                self.ats.extend(r[0] for r in fresh)
+        if self.last_id:  # the rows after the last read, by id (not a scan of the `at` index)
+            sql, arg = "SELECT id, at, task, demand FROM demand_history WHERE id > ?", self.last_id
+        else:
+            sql, arg = "SELECT id, at, task, demand FROM demand_history WHERE at >= ?", start
+        new = store.query(sql + " ORDER BY id", (arg,))
+        self.last_id = max([self.last_id, *(int(r["id"]) for r in new)])
+        fresh = sorted(((float(r["at"]), str(r["task"]), float(r["demand"])) for r in new
+                        if float(r["at"]) >= start), key=lambda r: r[0])  # fmt: skip
+        if fresh and self.ats and fresh[0][0] < self.ats[-1]:  # written out of order
+            self.rows = sorted(self.rows + fresh, key=lambda r: r[0])  # stable: by id
+            self.ats = [r[0] for r in self.rows]
+        elif fresh:
+            self.rows.extend(fresh)
+            self.ats.extend(r[0] for r in fresh)
         drop = bisect_left(self.ats, start)
         if drop:
             del self.ats[:drop], self.rows[:drop]
