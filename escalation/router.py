@@ -247,9 +247,12 @@ class Escalator:
             return Routed(True, f"{d.why}; it runs through the guards", proposal_dict(p))
         return Routed(False, f"the LLM answered {p.action}, but {d.why}", proposal_dict(p))
 
-    def resolve_cleared(self, doubts: Sequence[Doubt], fleet: dict[str, Any], now: float
-                        ) -> list[int]:  # fmt: skip
-        """Close pending escalations whose situation no longer holds (nothing left to answer)."""
+    def resolve_cleared(self, doubts: Sequence[Doubt], fleet: dict[str, Any], now: float,
+                        pending: Sequence[dict[str, Any]] | None = None) -> list[int]:  # fmt: skip
+        """Close pending escalations whose situation no longer holds (nothing left to answer).
+
+        `pending`: the pending escalations as the caller read them this tick, when it raised
+        none since (else they are read here); one answered meanwhile is left as it is."""
         current = {fingerprint(self.situation(d, fleet, {}, now)) for d in doubts}
         standing = dict(self.journal.meta.get(STANDING, None) or {})
         gone = sorted(set(standing) - current)
@@ -258,7 +261,9 @@ class Escalator:
         if gone:
             self.journal.meta.put(STANDING, standing)
         closed = []
-        for esc in self.journal.escalations.recent(status="pending"):
+        if pending is None:
+            pending = self.journal.escalations.recent(status="pending")
+        for esc in pending:
             if esc["fingerprint"] in current:
                 continue
             note = {"note": "the situation no longer holds"}

@@ -80,7 +80,8 @@ def gather(journal: Journal, provider: Sensed, demand: DemandSensor, now: float,
         paused = bool(journal.meta.get("paused", False))
     sensed = sense(provider, demand, now, hist.instances, destroyed)
     # rates Curio measured: data for the plan (journaled as `measured` events by `advance`)
-    hist = replace(hist, measured=measured, measured_now=dict(getattr(provider, "measured", {})))
+    learned: dict[str, Any] = {"measured": measured,
+                               "measured_now": dict(getattr(provider, "measured", {}))}  # fmt: skip
     obs = check_listing(sensed, hist.instances, [*destroyed, *sensed.confirmed_gone])
     if obs.sensor_ok("demand"):
         current = {d.task: float(d.pending + d.running) for d in obs.demand}
@@ -94,7 +95,8 @@ def gather(journal: Journal, provider: Sensed, demand: DemandSensor, now: float,
             forecasts = forecast.by_task(series, current, now, horizon, tasks_per_instance)
             if cache is not None:
                 cache.key, cache.value = key, forecasts
-        hist = replace(hist, forecasts=forecasts)
+        learned["forecasts"] = forecasts
+    hist = replace(hist, **learned)
     return Gathered(now, hist, obs, intents, tuple(launches), frozenset(seen), replacements,
                     approved, pending, vetoes, paused)  # fmt: skip
 

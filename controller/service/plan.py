@@ -53,6 +53,8 @@ class Planned:
     """The `for:` holds to store: since when each (rule, subject) condition has held."""
     waiting: tuple[Waiting, ...] = ()
     """`for:` rules that matched and wait (what `explain` shows, with the time left)."""
+    escalations: tuple[dict[str, Any], ...] = ()
+    """The pending escalations as gathered."""
 
 
 def plan(g: Gathered, rules: RulesSource, settings: DecideSettings,
@@ -84,7 +86,7 @@ def plan(g: Gathered, rules: RulesSource, settings: DecideSettings,
     decided = _drop_moot(decided, checked)
     return Planned(now, obs, hist, tracks, events, facts, matches, decided, Plan(tuple(checked)),
                    decided.doubts + tuple(vetoes), by_id, tuple(books), g.vetoes,
-                   held.pending, held.waiting)  # fmt: skip
+                   held.pending, held.waiting, g.pending)  # fmt: skip
 
 
 def _drop_moot(decided: Decided, checked: Sequence[Decision]) -> Decided:

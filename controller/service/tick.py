@@ -191,7 +191,9 @@ class Controller:
         raised = self.escalator.raise_all(doubts, fleet, self._budget(fleet, planned),
                                           planned.now, targets)  # fmt: skip
         if all(s.state == "ok" for s in planned.observation.sensors):
-            self.escalator.resolve_cleared(doubts, fleet, planned.now)  # not what it just raised
+            # not what it just raised; the pending ones as gathered when it raised none
+            self.escalator.resolve_cleared(doubts, fleet, planned.now,
+                                           None if raised else planned.escalations)  # fmt: skip
         return {
             **done.counts,
             "escalated": len(raised),

@@ -216,6 +216,9 @@ class SQLiteStore:
     @contextmanager
     def _transaction(self, begin: str) -> Iterator[Tx]:
         with self._lock:
+            if self._db.in_transaction and begin == "BEGIN DEFERRED":  # a read inside one
+                yield _SQLiteTx(self._db, self._clock)  # its snapshot already: nothing to undo
+                return
             if self._db.in_transaction:  # inside this thread's own: a savepoint of it
                 yield from self._savepoint()
                 return

@@ -43,11 +43,10 @@ class Window:
 
     def rows_within(self, store: Store, spans: Sequence[tuple[float, float]]) -> list[Row]:
         start = min(lo for lo, _ in spans)
-        if self.last_id:  # the rows after the last read, by id (not a scan of the `at` index)
-            sql, arg = "SELECT id, at, task, demand FROM demand_history WHERE id > ?", self.last_id
-        else:
-            sql, arg = "SELECT id, at, task, demand FROM demand_history WHERE at >= ?", start
-        new = store.query(sql + " ORDER BY id", (arg,))
+        arg: float = self.last_id or start  # after the last read by id (not the `at` index)
+        where = "id > ?" if self.last_id else "at >= ?"
+        new = store.query(f"SELECT id, at, task, demand FROM demand_history WHERE {where} "
+                          "ORDER BY id", (arg,))  # fmt: skip
         self.last_id = max([self.last_id, *(int(r["id"]) for r in new)])
         fresh = sorted(((float(r["at"]), str(r["task"]), float(r["demand"])) for r in new
                         if float(r["at"]) >= start), key=lambda r: r[0])  # fmt: skip
