@@ -224,7 +224,7 @@ def test_simulate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert doc["ticks"] == 360 and doc["horizon_s"] == 21600 and doc["seed"] == 3
     assert doc["deadline_s"] == 3600 and doc["trace"]["end_col"] == "deletion_time"
     assert set(doc["policies"]) == {"fleetgate", "static", "proportional", "proportional_sim",
-                                    "oracle"}  # fmt: skip
+                                    "oracle", "oracle_warm"}  # fmt: skip
     for fig in doc["policies"].values():
         assert fig["cost_usd"] > 0 and fig["gpu_hours"] > 0
         assert fig["waits_s"]["count"] == len(arrived)
@@ -232,6 +232,11 @@ def test_simulate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         assert fig["deadline_misses"] >= 0
     assert doc["policies"]["oracle"]["ratio_to_oracle"] == 1.0
     assert doc["policies"]["oracle"]["waits_s"]["max"] == 0.0
+    warm = doc["policies"]["oracle_warm"]  # the lower bound with stop and start
+    assert warm["cost_usd"] <= doc["policies"]["oracle"]["cost_usd"]
+    assert warm["waits_s"] == doc["policies"]["oracle"]["waits_s"]
+    assert doc["policies"]["fleetgate"]["ratio_to_oracle_warm"] >= (
+        doc["policies"]["fleetgate"]["ratio_to_oracle"])  # fmt: skip
     fg = doc["fleetgate"]
     assert fg["actions"]["launch"] >= 1 and fg["instance_launches"] >= fg["actions"]["launch"]
     assert fg["tasks_arrived"] == len(arrived) and fg["llm_calls"] == 0
@@ -242,6 +247,8 @@ def test_simulate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert set(doc["goals"]) >= {
         "cost_ratio_to_oracle",
         "within_cost_goal",
+        "cost_ratio_to_oracle_warm",
+        "within_cost_goal_warm",
         "below_proportional_cost",
         "below_proportional_sim_cost",
     }
@@ -251,8 +258,10 @@ def test_simulate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     png = (out / "simulate.png").read_bytes()
     assert png.startswith(PNG) and len(png) > 10_000
     assert "policy" in printed and "x oracle" in printed and "goals:" in printed
-    for name in ("fleetgate", "static (", "proportional ", "proportional, sim", "oracle"):
+    for name in ("fleetgate", "static (", "proportional ", "proportional, sim", "oracle ",
+                 "oracle, stop/start"):  # fmt: skip
         assert f"\n{name}" in printed
+    assert "against the oracle with stop/start: " in printed
 
     # the journal is fleetgate's own: the usual commands read it
     assert main(["--state", str(out / "state"), "actions", "--json"]) == 0

@@ -15,6 +15,9 @@
   booted ahead of need). Its waits are then the least a capped first-come-first-served policy
   can give, and its cost the least for those waits (a policy that lets tasks wait longer may
   pack them tighter and pay less).
+- `oracle(warm=True)`: the same, with vast's stop and start too (fleetgate's warm pool): a gap
+  between two needs may be spent stopped, paying storage and a start's loading time, when
+  that is cheaper than idling or a new boot. It is the lower bound for a fleet that parks.
 
 All assume every instance serves a task in its trace service time (the simulator's reference
 rate) and never fails. Pure: tasks and parameters in, an `Outcome` out.
@@ -120,9 +123,14 @@ def capped_starts(tasks: Sequence[TraceTask], slots: int) -> list[TraceTask]:
     return out
 
 
-def oracle(tasks: Sequence[TraceTask], p: BaselineParams) -> Outcome:
+def oracle(tasks: Sequence[TraceTask], p: BaselineParams, *, warm: bool = False) -> Outcome:
     """The lower bound (see the module docstring): every wait is 0 without a fleet cap; with
-    one, a task waits only while every slot of the capped fleet is taken."""
+    one, a task waits only while every slot of the capped fleet is taken.
+
+    `warm`: it may also stop an instance between two needs and start it again (vast's stop
+    and start, as fleetgate's warm pool does), at the best a stop can cost: storage for the
+    gap and `p.start_s` of loading, never a wait for the host's GPUs nor a lost machine. A gap
+    then costs the least of keeping it idle, a new boot, and that (`oracle_warm`)."""
     kept = within(tasks, p.horizon_s)
     waits: list[float] = [0.0] * len(kept)
     censored = 0
@@ -138,7 +146,7 @@ def oracle(tasks: Sequence[TraceTask], p: BaselineParams) -> Outcome:
     steps = concurrency_steps(run, p.horizon_s)
     on_since: dict[int, float] = {}  # level -> when it last turned on
     off_since: dict[int, float] = {}  # level -> when it last turned off
-    paid, starts, peak, now_running = 0.0, 0, 0, 0
+    paid, starts, restarts, peak, now_running = 0.0, 0, 0, 0, 0
     series: list[Sample] = []
     samples = iter(_grid(p))
     next_sample = next(samples, math.inf)
@@ -153,8 +161,13 @@ def oracle(tasks: Sequence[TraceTask], p: BaselineParams) -> Outcome:
         need = math.ceil(running / p.slots)
         for k in range(len(on_since) + 1, need + 1):  # levels turning on
             gap = when - off_since.pop(k, -math.inf)
-            if gap > p.boot_s:
+            parked = math.inf  # stopped through the gap: storage, then a start
+            if warm and p.start_s is not None and gap < math.inf:
+                parked = p.start_s + gap * p.storage_dph / p.dph
+            if min(gap, parked) > p.boot_s:
                 starts, paid = starts + 1, paid + p.boot_s
+            elif parked < gap:
+                restarts, paid = restarts + 1, paid + parked
             else:
                 paid += gap  # kept idle through a gap shorter than a boot
             on_since[k] = when
@@ -164,9 +177,10 @@ def oracle(tasks: Sequence[TraceTask], p: BaselineParams) -> Outcome:
         peak, now_running = max(peak, need), running
     paid += sum(p.horizon_s - s for s in on_since.values())
     return Outcome(
-        name="oracle", instance_s=paid, dph=p.dph, gpus_per_instance=p.gpus_per_instance,
-        waits=tuple(waits), censored=censored, instances_started=starts,
-        peak_instances=peak, series=tuple(series),
+        name="oracle_warm" if warm else "oracle", instance_s=paid, dph=p.dph,
+        gpus_per_instance=p.gpus_per_instance, waits=tuple(waits), censored=censored,
+        instances_started=starts, peak_instances=peak, series=tuple(series),
+        notes={"starts_from_stopped": restarts} if warm else {},
     )  # fmt: skip
 
 

@@ -25,7 +25,8 @@ from controller.tools.replay.results import Outcome, label
 MISSING = "no chart: matplotlib is not installed (pip install 'fleetgate[simulate]')"
 
 COLORS = {"fleetgate": "#1f77b4", "static": "#7f7f7f", "proportional": "#ff7f0e",
-          "proportional_sim": "#9467bd", "oracle": "#2ca02c"}  # fmt: skip
+          "proportional_sim": "#9467bd", "oracle": "#2ca02c",
+          "oracle_warm": "#98df8a"}  # fmt: skip
 DAY = 86400.0
 
 

@@ -124,10 +124,14 @@ def simulate(args: argparse.Namespace) -> int:
     params = _params(args, config, run, horizon, sample_ticks * step)
     world = Simulation(SimConfig.model_validate(
         trace_config(config, spec.state / "trace.csv").sim.world), seed)  # fmt: skip
-    outcomes = [run.outcome, baselines.static_peak(tasks, params),
-                baselines.proportional(tasks, params),
-                in_world.proportional_in_world(world, params, ticks),
-                baselines.oracle(tasks, params)]  # fmt: skip
+    outcomes = [
+        run.outcome,
+        baselines.static_peak(tasks, params),
+        baselines.proportional(tasks, params),
+        in_world.proportional_in_world(world, params, ticks),
+        baselines.oracle(tasks, params),
+        baselines.oracle(tasks, params, warm=True),
+    ]
     meta = _meta(args, scales, tasks, ticks, seed, run)
     png = chart.draw(out / "simulate.png", outcomes, _title(args, meta))
     meta["wall_s"] = {"total": round(time.perf_counter() - started, 2),
@@ -201,6 +205,8 @@ def _params(
         tasks_per_instance=int(config.settings.get("tasks_per_instance", 2)),
         interval_s=config.sim.seconds_per_tick, cooldown_s=args.cooldown_s,
         max_instances=config.guards.max_instances, sample_s=sample_s,
+        # the best a stop can cost: the quickest start and the cheapest storage
+        start_s=world.start_s[0], storage_dph=world.storage_price_range[0] * world.disk_gb,
     )  # fmt: skip
 
 

@@ -12,7 +12,10 @@ from controller.sim.config import SimConfig
 from controller.sim.stats import wait_summary
 
 BOOT_STAGES = ("boot_s", "pull_s", "register_s", "params_s", "bench_s")
-LABELS = {"proportional_sim": "proportional, sim"}  # how a policy is named where people read it
+LABELS = {
+    "proportional_sim": "proportional, sim",
+    "oracle_warm": "oracle, stop/start",
+}  # how a policy is named where people read it
 
 
 def label(name: str) -> str:
@@ -46,6 +49,10 @@ class BaselineParams:
     """GPUs per instance, for GPU-hours."""
     sample_s: float = 600.0
     """Spacing of the time series kept for the chart."""
+    start_s: float | None = None
+    """Seconds a stopped instance takes to serve again once started (None: no stop/start)."""
+    storage_dph: float = 0.0
+    """Dollars per hour a stopped instance bills (its disk)."""
 
 
 @dataclass(frozen=True)
