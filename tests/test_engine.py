@@ -68,9 +68,34 @@ def test_each_call_is_a_fresh_session_the_same_facts_fire_again() -> None:
     e = engine_of(RULES)
     facts = [fact("instance", "i1", daemon="down")]
     first = e.match(facts, 1.0)
-    second = e.match(facts, 1.0)  # identical facts: no MessageObservedException
+    second = e.match(facts, 1.0, reuse=False)  # identical facts: no MessageObservedException
     assert [m.key for m in first] == [m.key for m in second]
     assert any(m.rule == "restart" for m in second)
+
+
+def test_a_batch_asserted_as_the_last_one_was_is_answered_as_it_was() -> None:
+    """A quiet fleet asserts the same facts tick after tick: the engine answers them as it
+    did, without a session; a changed value, another order of facts or reuse=False asserts."""
+    e = engine_of(RULES)
+    sessions: list[int] = []
+    real = e._match
+
+    def counted(batch: list[dict[str, object]], sid: str) -> list[object]:
+        sessions.append(len(batch))
+        return real(batch, sid)  # type: ignore[return-value]
+
+    e._match = counted  # type: ignore[method-assign]
+    facts = [fact("instance", "i1", daemon="down"), fact("demand", pending=5),
+             fact("fleet", active=2)]  # fmt: skip
+    first = e.match(facts, 1.0)
+    again = e.match([dict(f) for f in facts], 2.0)  # another tick's stamp, the same facts
+    assert again == first and len(sessions) == 1
+    changed = e.match([facts[0], fact("demand", pending=1), facts[2]], 3.0)
+    assert len(sessions) == 2 and not any(m.rule == "grow" for m in changed)
+    assert any(m.rule == "grow" for m in e.match(facts, 4.0)) and len(sessions) == 3
+    e.match(facts, 5.0, reuse=False)
+    assert len(sessions) == 4
+    assert any(m.rule == "restart" for m in engine_of(RULES).match(facts, 6.0))  # its own
 
 
 def test_a_cross_fact_reference_compares_against_the_joined_fact() -> None:

@@ -219,8 +219,8 @@ def bench_size(config: Config, n: int, repeat: int, trivial: Engine,
             run = _measure(c, fleet, clock, repeat)
             assert run.planned is not None
             facts, stamp = run.planned.facts, run.planned.now
-            engine_s = _timed(lambda: c.rules.engine.match(facts, stamp), repeat)
-            trivial_s = _timed(lambda: trivial.match(facts, stamp), repeat)
+            engine_s = _timed(lambda: c.rules.engine.match(facts, stamp, reuse=False), repeat)
+            trivial_s = _timed(lambda: trivial.match(facts, stamp, reuse=False), repeat)
         finally:
             journal.close()
     return _row(n, run, statistics.median(engine_s), statistics.median(trivial_s))
