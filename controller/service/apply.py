@@ -40,12 +40,17 @@ class Applied:
     noticed: tuple[int, ...] = ()  # notices queued for people (outbox job ids)
 
 
-def write(journal: Journal, planned: Planned, tick_id: int) -> list[tuple[Decision, int]]:
-    """Step 1: bookkeeping, tracks and the decisions' rows, in one transaction."""
+def write(
+    journal: Journal, planned: Planned, rules: str, then: Callable[[], None] | None = None
+) -> tuple[int, list[tuple[Decision, int]]]:
+    """Step 1, in one transaction: the tick's row (started at the plan's `now`, under the
+    rules digest `rules`), bookkeeping, tracks and the decisions' rows; `then` writes what
+    else the tick learned, in the same one. (The tick's id, the decisions with their rows.)"""
     effective = {d.proposal.target for d in planned.plan.decisions if d.verdict not in _QUIET}
     recent = set(planned.vetoes)
     rows: list[tuple[Decision, int]] = []
-    with journal.tx():
+    with journal.tx() as db:
+        tick_id = journal.meta.start_tick(planned.now, rules, db)
         for b in planned.books:
             _book(journal, b, planned.now)
         journal.fleet.save_tracks(planned.tracks, planned.events)
@@ -56,7 +61,9 @@ def write(journal: Journal, planned: Planned, tick_id: int) -> list[tuple[Decisi
                 recent.add(veto_key(d.effective_action, d.proposal.target, d.guard,
                                     d.effective_params))  # fmt: skip
             rows.append((d, _record(journal, d, tick_id, planned.now)))
-    return rows
+        if then is not None:
+            then()
+    return tick_id, rows
 
 
 def _book(journal: Journal, b: Book, now: float) -> None:

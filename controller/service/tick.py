@@ -9,8 +9,10 @@
 3. plan (`controller.service.plan`): reconcile what the journal expected with what was sensed,
    advance each instance's history, facts, match, decide, and one guard pass over every
    decision; the bookkeeping comes back as data;
-4. apply (`controller.service.apply`): one transaction fenced by the lease for bookkeeping,
-   tracks and intents; then act; then the results;
+4. apply (`controller.service.apply`): one transaction fenced by the lease for the tick's
+   row, bookkeeping, tracks, intents and what the tick learned (the `for:` clocks, the
+   demand reading, agent links); then act; then the results (a tick that fails before
+   its transaction gets its row, unfinished, when it fails);
 5. escalate what rules could not decide (deduplicated) to the outbox, and record the tick.
 
 A tick **holds** (plans, acts on nothing, and escalates to people) when the wall clock jumped
@@ -100,6 +102,7 @@ class Controller:
         self._forecasts = ForecastCache()  # the last forecasts, while their inputs hold
         self._measured = MeasuredCache()  # the hosts' latest measurements read so far
         self._autonomy: dict[str, Any] = {}  # the track record's last review by this process
+        self._started: tuple[float, str] | None = None  # (now, rules) of a tick not yet written
 
     def gather(self, now: float) -> Gathered:
         values = self.settings.values  # the forecast's default boot time and its sizing
@@ -122,6 +125,8 @@ class Controller:
         try:
             planned = self._tick()
         except Exception as exc:
+            if self._started is not None:  # it failed before its row was written: one now
+                self._record_failed()
             self.failures += 1
             if self.failures >= FAILURES_TO_ESCALATE:
                 self._escalate_failures(exc)
@@ -139,18 +144,14 @@ class Controller:
         reloaded = self.rules.reload()  # a file change (or SIGHUP) takes effect here
         if reloaded is not None:
             self.journal.meta.add_reload(now, reloaded.ok, reloaded.digest, reloaded.problems)
-        tick_id = self.journal.meta.start_tick(now, self.rules.book.digest)
+        self._started = (now, self.rules.book.digest)  # its row is written with the plan's
         planned = self.plan(now)
         held = self._lost_doubt() or (self._clock_doubt(jump) if jump is not None else None)
         if held is not None:
-            return self._hold(planned, tick_id, held)
-        rows = apply.write(self.journal, planned, tick_id)
-        self.journal.rule_pending.save(planned.pending)  # `for:` clocks, kept across restarts
-        if planned.observation.sensor_ok("demand"):  # what the next forecasts learn from
-            self.journal.demand.record(now, planned.observation.demand, planned.history.forecasts)
-        save_learned = getattr(self.provider, "save_learned", None)
-        if save_learned is not None:  # links between agents and instances, learned sensing
-            save_learned()
+            return self._hold(planned, self._start(), held)
+        tick_id, rows = apply.write(self.journal, planned, self.rules.book.digest,
+                                    then=lambda: self._learned(planned))  # fmt: skip
+        self._started = None
         if self.on_gone is not None:
             for e in planned.events:
                 if e.kind == "gone":
@@ -178,6 +179,31 @@ class Controller:
         if self.after_tick:
             self.after_tick()
         return planned
+
+    def _start(self) -> int:
+        """This tick's row, unfinished (a tick that stops before its plan is written)."""
+        assert self._started is not None
+        now, rules = self._started
+        self._started = None
+        return self.journal.meta.start_tick(now, rules)
+
+    def _record_failed(self) -> None:
+        try:
+            self._start()
+        except JournalError as exc:
+            log.error("a failed tick could not be journaled either: %s", exc)
+
+    def _learned(self, planned: Planned) -> None:
+        """What the tick learned, in the transaction of its plan's rows: the `for:` clocks
+        (kept across restarts), the demand the next forecasts learn from, the links between
+        agents and instances that sensing found."""
+        self.journal.rule_pending.save(planned.pending)
+        if planned.observation.sensor_ok("demand"):
+            self.journal.demand.record(planned.now, planned.observation.demand,
+                                       planned.history.forecasts)  # fmt: skip
+        save_learned = getattr(self.provider, "save_learned", None)
+        if save_learned is not None:
+            save_learned()
 
     def _escalate(self, planned: Planned, done: apply.Applied) -> dict[str, Any]:
         """Step 5, and the tick's summary."""

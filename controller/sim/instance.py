@@ -64,8 +64,9 @@ class SimInstance:
     def next_event(self) -> tuple[float, str] | None:
         """The earliest scheduled (time, kind), ties broken by EVENT_FIELDS order."""
         best: tuple[float, str] | None = None
+        fields = self.__dict__  # (a hot loop: the world asks every instance every step)
         for kind, name in EVENT_FIELDS:
-            when = getattr(self, name)
+            when = fields[name]
             if when is not None and (best is None or when < best[0]):
                 best = (when, kind)
         return best

@@ -142,7 +142,7 @@ class SimVastAPI(BaseAdapter):
             return self._create(number, _body(request), draw, cfg)
         code, data = self._handle(endpoint, number, query, _body(request))
         if endpoint in READS and code == 200 and draw.truncate < cfg.vast_truncated_fraction:
-            text = json.dumps(data)
+            text = encode(data)
             return code, Raw(text[: len(text) // 2])
         return code, data
 
@@ -243,7 +243,7 @@ def _response(request: PreparedRequest, code: int, body: Any) -> Response:
     elif isinstance(body, str):
         text, kind = body, "text/html" if body.startswith("<") else "text/plain"
     else:
-        text, kind = json.dumps(body), "application/json"
+        text, kind = encode(body), "application/json"
     content = text.encode("utf-8")
     response = Response()
     response.status_code = code
@@ -256,6 +256,30 @@ def _response(request: PreparedRequest, code: int, body: Any) -> Response:
     response.request = request
     response.encoding = "utf-8"
     return response
+
+
+_TEXTS: dict[int, tuple[dict[str, Any], str]] = {}  # id(instance object) -> (it, its JSON)
+
+
+def encode(body: Any) -> str:
+    """`json.dumps(body)`, byte for byte, reusing each instance object's text: a listing's
+    objects are shared and never mutated (`vast_views`), and every tick lists them again."""
+    if not isinstance(body, dict) or not body or next(reversed(body)) != "instances":
+        return json.dumps(body)
+    rows = body["instances"]
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        return json.dumps(body)
+    if len(_TEXTS) > views.ROWS_CACHED:
+        _TEXTS.clear()
+    texts = []
+    for row in rows:
+        held = _TEXTS.get(id(row))
+        if held is None or held[0] is not row:
+            held = _TEXTS[id(row)] = (row, json.dumps(row))
+        texts.append(held[1])
+    head = json.dumps({k: v for k, v in body.items() if k != "instances"})
+    start = f"{head[:-1]}, " if len(body) > 1 else "{"
+    return f'{start}"instances": [{", ".join(texts)}]}}'
 
 
 @lru_cache(maxsize=256)

@@ -168,6 +168,65 @@ class _sqlite_errors:  # noqa: N801 - used as a function: `with _sqlite_errors(w
         raise JournalError(f"journal ({where}): {type(exc).__name__}: {exc}") from exc
 
 
+class _SQLiteTransaction:
+    """One `SQLiteStore.tx()` or `snapshot()`, holding the store's lock throughout: a
+    transaction of its own; inside this thread's open one, a savepoint of it (a snapshot
+    inside one is that one's already: nothing to undo). A failed COMMIT rolls back.
+    (A class, not a generator: a tick opens several.)"""
+
+    __slots__ = ("store", "begin", "mode")
+
+    def __init__(self, store: SQLiteStore, begin: str) -> None:
+        self.store, self.begin, self.mode = store, begin, ""
+
+    def __enter__(self) -> Tx:
+        store = self.store
+        db = store._db
+        store._lock.acquire()
+        try:
+            if not db.in_transaction:
+                with _sqlite_errors(store.where):
+                    db.execute(self.begin)
+                self.mode = "own"
+            elif self.begin == "BEGIN DEFERRED":
+                self.mode = "inner"
+            else:
+                with _sqlite_errors(store.where):
+                    db.execute("SAVEPOINT nested")
+                self.mode = "savepoint"
+        except BaseException:
+            store._lock.release()
+            raise
+        return _SQLiteTx(db, store._clock)
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> Literal[False]:  # fmt: skip
+        store = self.store
+        db = store._db
+        try:
+            if self.mode == "own":
+                if exc is not None:
+                    db.execute("ROLLBACK")
+                    return False
+                try:
+                    with _sqlite_errors(store.where):
+                        db.execute("COMMIT")
+                except JournalError:
+                    if db.in_transaction:
+                        db.execute("ROLLBACK")
+                    raise
+            elif self.mode == "savepoint":
+                if exc is not None:
+                    db.execute("ROLLBACK TO nested")
+                    db.execute("RELEASE nested")
+                    return False
+                with _sqlite_errors(store.where):
+                    db.execute("RELEASE nested")
+        finally:
+            store._lock.release()
+        return False
+
+
 class SQLiteStore:
     """One file; one connection guarded by a lock; WAL so readers never block the controller."""
 
@@ -208,41 +267,10 @@ class SQLiteStore:
         return None
 
     def tx(self) -> AbstractContextManager[Tx]:
-        return self._transaction("BEGIN IMMEDIATE")
+        return _SQLiteTransaction(self, "BEGIN IMMEDIATE")
 
     def snapshot(self) -> AbstractContextManager[Tx]:
-        return self._transaction("BEGIN DEFERRED")  # a WAL reader: never waits for a writer
-
-    @contextmanager
-    def _transaction(self, begin: str) -> Iterator[Tx]:
-        with self._lock:
-            if self._db.in_transaction and begin == "BEGIN DEFERRED":  # a read inside one
-                yield _SQLiteTx(self._db, self._clock)  # its snapshot already: nothing to undo
-                return
-            if self._db.in_transaction:  # inside this thread's own: a savepoint of it
-                yield from self._savepoint()
-                return
-            with _sqlite_errors(self.where):
-                self._db.execute(begin)
-            try:
-                yield _SQLiteTx(self._db, self._clock)
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            with _sqlite_errors(self.where):
-                self._db.execute("COMMIT")
-
-    def _savepoint(self) -> Iterator[Tx]:
-        with _sqlite_errors(self.where):
-            self._db.execute("SAVEPOINT nested")
-        try:
-            yield _SQLiteTx(self._db, self._clock)
-        except BaseException:
-            self._db.execute("ROLLBACK TO nested")
-            self._db.execute("RELEASE nested")
-            raise
-        with _sqlite_errors(self.where):
-            self._db.execute("RELEASE nested")
+        return _SQLiteTransaction(self, "BEGIN DEFERRED")  # a WAL reader: never waits for a writer
 
     def query(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         with self._lock, _sqlite_errors(self.where):

@@ -15,7 +15,7 @@ import secrets
 from typing import Any
 
 from controller.store.aggregate import Aggregate, dumps, loads
-from controller.store.backend import JournalError, JournalLost
+from controller.store.backend import JournalError, JournalLost, Tx
 
 IDENTITY = "journal_id"
 MAX_PROBLEMS_CHARS = 20_000  # of a failed reload's problems, as stored
@@ -77,9 +77,13 @@ CREATE TABLE IF NOT EXISTS rule_reloads (
             raise JournalLost(why)
 
     # ---- ticks -----------------------------------------------------------------------------
-    def start_tick(self, now: float, rules: str) -> int:
-        with self.tx() as db:
-            return db.insert("INSERT INTO ticks(started_at, rules) VALUES (?, ?)", (now, rules))
+    def start_tick(self, now: float, rules: str, db: Tx | None = None) -> int:
+        """A new tick's row (its id); in `db`, the caller's open transaction, when given."""
+        sql = "INSERT INTO ticks(started_at, rules) VALUES (?, ?)"
+        if db is not None:
+            return db.insert(sql, (now, rules))
+        with self.tx() as own:
+            return own.insert(sql, (now, rules))
 
     def finish_tick(self, tick_id: int, now: float, summary: dict[str, Any]) -> None:
         with self.tx() as db:

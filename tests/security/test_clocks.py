@@ -319,10 +319,13 @@ def test_ticks_failing_in_a_row_are_escalated_and_resolve_when_ticks_work(
         raise JournalError("journal (fleet): disk I/O error")
 
     monkeypatch.setattr(app.journal.fleet, "history", failing)
-    for _ in range(FAILURES_TO_ESCALATE):
+    for n in range(FAILURES_TO_ESCALATE):
         assert escalations_about(app.journal, "controller") == []
         with pytest.raises(JournalError):
             c.tick()
+        # each failed tick has its row, never finished (what the failure metrics count)
+        ticks = app.journal.meta.ticks(limit=100)
+        assert len(ticks) == 2 + n and ticks[0]["finished_at"] is None
     esc = escalations_about(app.journal, "controller")
     assert len(esc) == 1 and esc[0]["status"] == "pending"
     assert f"{FAILURES_TO_ESCALATE} ticks in a row failed" in esc[0]["summary"]
@@ -332,5 +335,8 @@ def test_ticks_failing_in_a_row_are_escalated_and_resolve_when_ticks_work(
     assert len(escalations_about(app.journal, "controller")) == 1
     monkeypatch.setattr(app.journal.fleet, "history", history)
     c.tick()
+    ticks = app.journal.meta.ticks(limit=100)
+    failed = [True] * (FAILURES_TO_ESCALATE + 1)
+    assert [t["finished_at"] is None for t in ticks] == [False, *failed, False]
     assert [e["status"] for e in escalations_about(app.journal, "controller")] == ["resolved"]
     assert c.failures == 0

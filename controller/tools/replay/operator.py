@@ -18,6 +18,7 @@ person's answers, not a decision path of its own.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from controller.store.journal import Journal
@@ -38,9 +39,17 @@ def answer(esc: dict[str, Any]) -> str | None:
     return None
 
 
-def answer_due(journal: Journal, now: float, after_s: float) -> dict[str, int]:
-    """Answer the pending escalations raised at least `after_s` ago; counts by verdict."""
+def answer_due(journal: Journal, now: float, after_s: float,
+               gathered: Sequence[dict[str, Any]] | None = None) -> dict[str, int]:  # fmt: skip
+    """Answer the pending escalations raised at least `after_s` ago; counts by verdict.
+
+    `gathered`: the escalations pending when the tick that just ran gathered (its
+    `Planned.escalations`). One raised since was raised at the tick's `now`, so with a
+    positive `after_s` none is due unless one of those is, and the journal is not read."""
     counts = {"approved": 0, "denied": 0}
+    due = (now - float(e["created_at"]) >= after_s for e in gathered or ())
+    if gathered is not None and after_s > 0 and not any(due):
+        return counts
     for esc in journal.escalations.recent(status="pending"):
         if now - float(esc["created_at"]) < after_s:
             continue

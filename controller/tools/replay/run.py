@@ -138,11 +138,10 @@ def _tick(app: App, sim: Simulation, spec: RunSpec) -> _Trail:
     with tqdm(total=spec.ticks, desc="simulate", unit="tick", file=sys.stderr,
               disable=not spec.progress, mininterval=0.5) as bar:  # fmt: skip
         for n in range(1, spec.ticks + 1):
-            app.controller.tick()
+            planned = app.controller.tick()
             if spec.answer_after_s is not None:
-                trail.answers.update(
-                    operator.answer_due(app.journal, sim.now(), spec.answer_after_s)
-                )
+                trail.answers.update(operator.answer_due(
+                    app.journal, sim.now(), spec.answer_after_s, planned.escalations))  # fmt: skip
             states = fleet_states(sim)
             trail.peak = max(trail.peak, sum(states.values()))
             for state, count in states.items():
