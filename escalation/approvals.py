@@ -113,10 +113,14 @@ def deny(journal: Journal, esc_id: int, *, by: str, now: float) -> None:
         raise ApprovalError(f"escalation #{esc_id} was answered meanwhile")
 
 
-def approved_proposals(journal: Journal) -> list[Proposal]:
-    """Approved answers not yet carried out, as proposals for this tick."""
+def approved_proposals(
+    journal: Journal, approved: Sequence[dict[str, Any]] | None = None
+) -> list[Proposal]:
+    """Approved answers not yet carried out, as proposals for this tick (from `approved`,
+    the approved escalations as the caller read them, when given)."""
     out = []
-    for esc in journal.escalations.recent(status="approved"):
+    rows = journal.escalations.recent(status="approved") if approved is None else approved
+    for esc in rows:
         ans = esc["answer"] or {}
         out.append(Proposal(
             action=ans["action"], params=ans["params"], proposer=_proposer(str(esc["answered_by"])),

@@ -200,14 +200,15 @@ class VastHTTP:
     def _prepare(self, method: str, path: str, query: dict[str, str] | None,
                  body: Any) -> requests.PreparedRequest:  # fmt: skip
         """The request as `Session.request` would prepare it (the session's headers under
-        ours; vast sets no cookies). A body-less one is prepared once and copied after: the
-        listing sends the same first page every tick."""
+        ours; vast sets no cookies). A body-less one is prepared once and sent again after
+        (the listing sends the same first page every tick): neither `Session.send` with
+        redirects off nor a transport adapter changes a request it sends."""
         key = (
             (method, path, tuple(sorted(query.items())) if query else ()) if body is None else None
         )
         cached = self._prepared.get(key) if key is not None else None
         if cached is not None:
-            return cached.copy()
+            return cached
         headers = {**self.session.headers, "Authorization": f"Bearer {self.key}",
                    "Accept": "application/json"}  # fmt: skip
         prepared = requests.Request(method, self.settings.base_url + path, params=query,
@@ -216,7 +217,7 @@ class VastHTTP:
         if key is not None:
             if len(self._prepared) >= 64:
                 self._prepared.clear()
-            self._prepared[key] = prepared.copy()
+            self._prepared[key] = prepared
         return prepared
 
     def _pace(self, endpoint: str) -> None:

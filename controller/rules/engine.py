@@ -36,6 +36,7 @@ from controller.rules.rulebook import Rulebook
 
 _LOCK = threading.Lock()
 _COUNTER = itertools.count(1)
+_KEYS = json.JSONEncoder(sort_keys=True)  # a batch as the key of its matches
 _STAMPS = frozenset({"sid", "t"})  # what each asserted fact carries for the session alone
 _KIND_ID = ("kind", "id")  # what a fact of a kind no rule names is asserted with
 
@@ -114,8 +115,8 @@ class Engine:
         batch = [{"kind": TICK_KIND, "id": TICK_KIND, "sid": sid, "t": stamp}]
         batch += [self._asserted(f, sid, stamp) for f in facts]
         try:
-            key: str | None = json.dumps([{k: v for k, v in f.items() if k not in _STAMPS}
-                                          for f in batch[1:]], sort_keys=True)  # fmt: skip
+            key: str | None = _KEYS.encode([{k: v for k, v in f.items() if k not in _STAMPS}
+                                            for f in batch[1:]])  # fmt: skip
         except (TypeError, ValueError):
             key = None  # not JSON: the engine says so below
         if reuse and key is not None and self._last is not None and self._last[0] == key:

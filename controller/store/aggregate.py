@@ -15,9 +15,13 @@ from typing import Any, ClassVar
 
 from controller.store.backend import Row, Store, Tx
 
+# json.dumps(..., sort_keys=True, default=str) without an encoder made per call (a tick
+# writes many JSON columns)
+_ENCODER = json.JSONEncoder(sort_keys=True, default=str)
+
 
 def dumps(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, default=str)
+    return _ENCODER.encode(value)
 
 
 def loads(text: str | None, default: Any = None) -> Any:

@@ -14,6 +14,7 @@ advisory lock so that controllers starting together do not race.
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
 import threading
@@ -136,10 +137,10 @@ class _SQLiteTx:
         return self._clock()
 
 
-def _file_id(path: Path) -> tuple[int, int] | None:
+def _file_id(path: Path | str) -> tuple[int, int] | None:
     """(device, inode) of the file at `path`; None when there is none."""
     try:
-        st = path.stat()
+        st = os.stat(path)
     except OSError:
         return None
     return st.st_dev, st.st_ino
@@ -259,7 +260,7 @@ class SQLiteStore:
     def vanished(self) -> str | None:
         """The file was deleted, or another file put in its place, since it was opened (the
         connection would go on writing to the old one, which nobody reads)."""
-        now = _file_id(self.path)
+        now = _file_id(self.where)  # (a str: checked before every tick acts)
         if now is None:
             return f"the journal file {self.where} is missing"
         if self._file is not None and now != self._file:

@@ -6,6 +6,7 @@ default when its deadline passes, or not at all.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from controller.store.aggregate import Aggregate, dumps, loads
@@ -82,6 +83,18 @@ CREATE TABLE IF NOT EXISTS deliveries (
             f"SELECT * FROM escalations {where} ORDER BY id DESC LIMIT ?", [*args, limit]
         )
         return [_decoded(r) for r in rows[::-1]]
+
+    def by_status(self, statuses: Sequence[str], limit: int = 200) -> dict[str, list[Row]]:
+        """The last `limit` escalations of each of `statuses`, oldest first, decoded, in one
+        read (a tick reads the pending and the approved ones)."""
+        one = ("SELECT * FROM (SELECT * FROM escalations WHERE status = ? ORDER BY id DESC "
+               "LIMIT ?) AS s{}")  # fmt: skip
+        rows = self._all(" UNION ALL ".join(one.format(n) for n in range(len(statuses))),
+                         [x for status in statuses for x in (status, limit)])  # fmt: skip
+        out: dict[str, list[Row]] = {status: [] for status in statuses}
+        for r in sorted(rows, key=lambda r: int(r["id"])):
+            out[str(r["status"])].append(_decoded(r))
+        return out
 
     def escalation(self, esc_id: int) -> Row | None:
         row = self._one("SELECT * FROM escalations WHERE id = ?", (esc_id,))

@@ -9,7 +9,8 @@ actions and replacements (`controller/store/actions.py`): all of it in one snaps
 
 from __future__ import annotations
 
-import uuid
+import itertools
+import secrets
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -53,6 +54,12 @@ CREATE TABLE IF NOT EXISTS hosts (
         self._saves = 0
         self._hosts: dict[str, dict[str, Any]] | None = None  # machine_id -> row
         self._hosts_version: str | None = None
+        self._prefix, self._counter = secrets.token_hex(12), itertools.count(1)
+
+    def _new_version(self) -> str:
+        """A version stamp no other process writes: this process's random prefix and a count
+        (a fresh random one per save costs a system call, every tick)."""
+        return f"{self._prefix}-{next(self._counter)}"
 
     def _query(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         return self.store.query(sql, args)
@@ -66,7 +73,8 @@ CREATE TABLE IF NOT EXISTS hosts (
         written with the rest every `UPTIME_EVERY` saves; in between, this process reads its
         own tracks from memory (`history`), so it always compares against the latest uptime.
         Another process (a CLI, a new leader) reads the stored ones: their uptime is at most
-        `UPTIME_EVERY` ticks old, and they are otherwise exact.
+        `UPTIME_EVERY` ticks old, and they are otherwise exact. A save with no event and no
+        other change writes nothing at all (the stored version stays this process's).
         """
         stored = _version(self._query, TRACKS_VERSION)
         cached = self._tracks if self._tracks_version == stored else None
@@ -77,7 +85,10 @@ CREATE TABLE IF NOT EXISTS hosts (
             changed = [t for k, t in tracks.items()
                        if (old := cached.get(k)) is None or old[:-1] != t[:-1]]  # fmt: skip
             gone = [k for k in cached if k not in tracks]
-        version = uuid.uuid4().hex
+            if not changed and not gone and not events:  # uptimes alone moved: keep them here
+                self._tracks = dict(tracks)  # (the stored version stays this process's)
+                return
+        version = self._new_version()
         with self.tx() as db:
             if full:
                 db.execute("DELETE FROM tracks")
@@ -173,7 +184,7 @@ CREATE TABLE IF NOT EXISTS hosts (
         """After a write to `hosts`, in its transaction: a new version, and this process's copy
         brought up to date (or dropped, when another process wrote since it was read)."""
         prior = db.execute("SELECT value FROM kv WHERE key = ?", (HOSTS_VERSION,)).fetchone()
-        version = uuid.uuid4().hex
+        version = self._new_version()
         db.execute(UPSERT_KV, (HOSTS_VERSION, dumps(version)))
         cache = self._hosts
         if cache is None or prior is None or loads(prior["value"]) != self._hosts_version:

@@ -219,10 +219,11 @@ class LifecycleStore(Aggregate):
                 "AND done_at IS NULL AND deadline > ? ORDER BY id",
                 (label, now),
             ).fetchall()
-            db.executemany(
-                "UPDATE instance_commands SET picked_at = ? WHERE id = ?",
-                [(now, c["id"]) for c in pending],
-            )
+            if pending:  # (most heartbeats pick nothing)
+                db.executemany(
+                    "UPDATE instance_commands SET picked_at = ? WHERE id = ?",
+                    [(now, c["id"]) for c in pending],
+                )
         return [command_of({**c, "picked_at": now}) for c in pending]
 
     def queue_command(self, label: str, command: str, now: float, deadline_s: float) -> int:

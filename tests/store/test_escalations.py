@@ -37,6 +37,21 @@ def test_the_last_escalation_of_a_fingerprint(j: Journal) -> None:
     assert last is not None and last["id"] == again != first and last["created_at"] == 3.0
 
 
+def test_escalations_of_several_statuses_in_one_read_as_each_one_alone(j: Journal) -> None:
+    ids = [_raise(j, f"f{n}", float(n)) for n in range(7)]
+    for eid in ids[1::3]:
+        j.escalations.answer(eid, status="approved", by="ana", now=9.0, answer={"action": "x"})
+    j.escalations.answer(ids[2], status="denied", by="ana", now=9.0, answer=None)
+    for limit in (200, 2):
+        got = j.escalations.by_status(("approved", "pending"), limit=limit)
+        assert set(got) == {"approved", "pending"}
+        for status in ("approved", "pending"):
+            assert got[status] == j.escalations.recent(status=status, limit=limit)
+    assert [e["id"] for e in got["approved"]] == ids[1::3]
+    assert [e["id"] for e in got["pending"]] == [ids[5], ids[6]]
+    assert j.escalations.by_status(("expired",)) == {"expired": []}
+
+
 def test_recent_escalations_by_status_decoded(j: Journal) -> None:
     a = _raise(j, situation={"a": [1]}, default_action={"action": "hold"})
     b = _raise(j, "g", 2.0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from support import peer, record_action
 
 from controller.core.track import Event, Track
-from controller.store.fleet import HISTORY_WINDOW_S, UPTIME_EVERY
+from controller.store.fleet import HISTORY_WINDOW_S, TRACKS_VERSION, UPTIME_EVERY
 from controller.store.journal import Journal
 
 
@@ -102,6 +102,22 @@ def test_tracks_are_saved_by_change_and_read_back_by_any_process(j: Journal) -> 
     other.fleet.save_tracks({"3": _track("3", 5)}, [])
     assert j.fleet.tracks() == {"3": _track("3", 5)}
     assert j.fleet.history(0.0).instances == j.fleet.tracks()
+    other.close()
+
+
+def test_a_save_that_moves_uptimes_alone_writes_nothing(j: Journal) -> None:
+    assert UPTIME_EVERY > 3
+    j.fleet.save_tracks({"1": _track("1", 10)}, [])
+    version = j.meta.get(TRACKS_VERSION)
+    for uptime in (20, 30):
+        j.fleet.save_tracks({"1": _track("1", uptime)}, [])
+        assert j.meta.get(TRACKS_VERSION) == version  # nothing written
+        assert j.fleet.history(0.0).instances == {"1": _track("1", uptime)}  # this process
+    other = peer(j)
+    assert other.fleet.tracks() == {"1": _track("1", 10)}  # the stored uptime, as documented
+    j.fleet.save_tracks({"1": _track("1", 40)}, [Event("1", 5.0, "death", {})])
+    assert j.meta.get(TRACKS_VERSION) != version  # an event: written
+    assert [e["kind"] for e in other.fleet.events("1")] == ["death"]
     other.close()
 
 
