@@ -22,6 +22,7 @@ from controller.core.model import Decision
 from controller.core.reconcile import Book, repeated, veto_key
 from controller.fleet.actuator import Actuator, Job
 from controller.service.plan import Planned
+from controller.store.backend import Tx
 from controller.store.journal import Journal
 from controller.store.outbox import OutboxStore
 from escalation.notify import answer_notice, notify_notice
@@ -41,7 +42,7 @@ class Applied:
 
 
 def write(
-    journal: Journal, planned: Planned, rules: str, then: Callable[[], None] | None = None
+    journal: Journal, planned: Planned, rules: str, then: Callable[[Tx], None] | None = None
 ) -> tuple[int, list[tuple[Decision, int]]]:
     """Step 1, in one transaction: the tick's row (started at the plan's `now`, under the
     rules digest `rules`), bookkeeping, tracks and the decisions' rows; `then` writes what
@@ -62,7 +63,7 @@ def write(
                                     d.effective_params))  # fmt: skip
             rows.append((d, _record(journal, d, tick_id, planned.now)))
         if then is not None:
-            then()
+            then(db)
     return tick_id, rows
 
 

@@ -65,14 +65,14 @@ def gather(journal: Journal, provider: Sensed, demand: DemandSensor, now: float,
     the demand forecast one boot time ahead (`boot_s` until the fleet's own boots say),
     reused from `cache` while what it is made from is unchanged."""
     with journal.store.snapshot():  # one read: every row as of one moment
-        hist = journal.fleet.history(now)
+        replacements = tuple(journal.actions.replacements())
+        hist = journal.fleet.history(now, replacements)
         horizon = forecast.boot_horizon(forecast.boot_samples(hist.instances.values()), boot_s)
         destroyed = journal.actions.destroyed_since(now - 3600)
         launches = journal.actions.recent_launches(now - pending_s)
         ours = [str(r["result"]["instance"]) for r in launches if r["result"].get("instance")]
         seen = journal.fleet.seen_instances(now - pending_s, ours)
         intents = tuple(journal.actions.in_flight())
-        replacements = tuple(journal.actions.replacements())
         open_ = journal.escalations.by_status(("approved", "pending"))
         approved = tuple(approvals.approved_proposals(journal, open_["approved"]))
         pending = tuple(open_["pending"])

@@ -10,8 +10,8 @@
    advance each instance's history, facts, match, decide, and one guard pass over every
    decision; the bookkeeping comes back as data;
 4. apply (`controller.service.apply`): one transaction fenced by the lease for the tick's
-   row, bookkeeping, tracks, intents and what the tick learned (the `for:` clocks, the
-   demand reading, agent links); then act; then the results (a tick that fails before
+   row, bookkeeping, tracks, intents and what the tick learned (the demand reading, agent
+   links), then the `for:` clocks; then act; then the results (a tick that fails before
    its transaction gets its row, unfinished, when it fails);
 5. escalate what rules could not decide (deduplicated) to the outbox, and record the tick.
 
@@ -44,7 +44,7 @@ from controller.service import apply, autonomy
 from controller.service.clockwatch import ClockWatch, Jump
 from controller.service.gather import ForecastCache, Gathered, MeasuredCache, gather, sense
 from controller.service.plan import Planned, plan
-from controller.store.backend import JournalError, JournalLost
+from controller.store.backend import JournalError, JournalLost, Tx
 from controller.store.journal import Journal
 from escalation.router import Escalator
 
@@ -150,8 +150,9 @@ class Controller:
         if held is not None:
             return self._hold(planned, self._start(), held)
         tick_id, rows = apply.write(self.journal, planned, self.rules.book.digest,
-                                    then=lambda: self._learned(planned))  # fmt: skip
+                                    then=lambda db: self._learned(planned, db))  # fmt: skip
         self._started = None
+        self.journal.rule_pending.save(planned.pending)  # `for:` clocks, kept across restarts
         if self.on_gone is not None:
             for e in planned.events:
                 if e.kind == "gone":
@@ -193,14 +194,13 @@ class Controller:
         except JournalError as exc:
             log.error("a failed tick could not be journaled either: %s", exc)
 
-    def _learned(self, planned: Planned) -> None:
-        """What the tick learned, in the transaction of its plan's rows: the `for:` clocks
-        (kept across restarts), the demand the next forecasts learn from, the links between
-        agents and instances that sensing found."""
-        self.journal.rule_pending.save(planned.pending)
+    def _learned(self, planned: Planned, db: Tx) -> None:
+        """What the tick learned, in `db`, the transaction of its plan's rows: the demand the
+        next forecasts learn from, the links between agents and instances that sensing found.
+        (The `for:` clocks are saved after it commits: `RulePending` remembers what it left.)"""
         if planned.observation.sensor_ok("demand"):
             self.journal.demand.record(planned.now, planned.observation.demand,
-                                       planned.history.forecasts)  # fmt: skip
+                                       planned.history.forecasts, db)  # fmt: skip
         save_learned = getattr(self.provider, "save_learned", None)
         if save_learned is not None:
             save_learned()

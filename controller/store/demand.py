@@ -16,11 +16,12 @@ from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from controller.core.forecast import Forecast
 from controller.core.model import Demand
 from controller.store.aggregate import Aggregate
-from controller.store.backend import JournalError, Store
+from controller.store.backend import JournalError, Store, Tx
 
 KEEP_S = 15 * 86_400.0
 PRUNE_EVERY = 1000
@@ -82,9 +83,10 @@ CREATE INDEX IF NOT EXISTS demand_history_at ON demand_history(at);
 
     _records = 0
 
-    def record(self, now: float, demand: Sequence[Demand],
-               forecasts: Mapping[str, Forecast]) -> None:  # fmt: skip
-        """This tick's readings (and forecasts); the oldest rows go every PRUNE_EVERY calls."""
+    def record(self, now: float, demand: Sequence[Demand], forecasts: Mapping[str, Forecast],
+               db: Tx | None = None) -> None:  # fmt: skip
+        """This tick's readings (and forecasts); the oldest rows go every PRUNE_EVERY calls.
+        In `db`, the caller's open transaction, when given."""
         rows = []
         for d in demand:
             value = d.pending + d.running
@@ -94,11 +96,17 @@ CREATE INDEX IF NOT EXISTS demand_history_at ON demand_history(at);
             rows.append((now, d.task, value, round(f.pending, 3) if f else None,
                          f.horizon_s if f else None))  # fmt: skip
         self._records += 1
-        with self.tx() as db:
-            db.executemany("INSERT INTO demand_history(at, task, demand, forecast, horizon_s) "
-                           "VALUES (?, ?, ?, ?, ?)", rows)  # fmt: skip
-            if self._records % PRUNE_EVERY == 0:
-                db.execute("DELETE FROM demand_history WHERE at < ?", (now - KEEP_S,))
+        if db is None:
+            with self.tx() as own:
+                self._write(own, now, rows)
+        else:
+            self._write(db, now, rows)
+
+    def _write(self, db: Tx, now: float, rows: list[tuple[Any, ...]]) -> None:
+        db.executemany("INSERT INTO demand_history(at, task, demand, forecast, horizon_s) "
+                       "VALUES (?, ?, ?, ?, ?)", rows)  # fmt: skip
+        if self._records % PRUNE_EVERY == 0:
+            db.execute("DELETE FROM demand_history WHERE at < ?", (now - KEEP_S,))
 
     def series(self, spans: Sequence[tuple[float, float]],
                window: Window | None = None) -> dict[str, list[Sample]]:  # fmt: skip

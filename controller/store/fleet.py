@@ -27,6 +27,13 @@ UPTIME_EVERY = 10  # saves between writes of tracks whose only change is the dae
 
 Read = Callable[[str, Sequence[Any]], list[Row]]
 
+
+class _Unread:
+    """A version stamp not read yet."""
+
+
+UNREAD = _Unread()
+
 assert Track._fields[-1] == "uptime", "save_tracks compares tracks without their last field"
 
 
@@ -138,8 +145,10 @@ CREATE TABLE IF NOT EXISTS hosts (
         """The tracks: from memory when this process wrote the stored ones last."""
         return dict(self._track_map(self._query))
 
-    def _track_map(self, read: Read) -> dict[str, Track]:
-        stored = _version(read, TRACKS_VERSION)
+    def _track_map(self, read: Read, stored: str | None | _Unread = UNREAD) -> dict[str, Track]:
+        """The tracks as stored under version `stored` (read here unless given)."""
+        if isinstance(stored, _Unread):
+            stored = _version(read, TRACKS_VERSION)
         if self._tracks is None or stored != self._tracks_version:
             rows = read("SELECT data FROM tracks", ())
             self._tracks = {t.id: t for t in (Track(**loads(r["data"])) for r in rows)}
@@ -201,27 +210,35 @@ CREATE TABLE IF NOT EXISTS hosts (
         cache = self._host_rows(self._query)
         return [dict(cache[k]) for k in sorted(cache)]
 
-    def _host_rows(self, read: Read) -> dict[str, Row]:
-        """The hosts table: from memory while this process wrote it last (read-only rows)."""
-        stored = _version(read, HOSTS_VERSION)
+    def _host_rows(self, read: Read, stored: str | None | _Unread = UNREAD) -> dict[str, Row]:
+        """The hosts table: from memory while this process wrote it last (read-only rows);
+        `stored`, its version stamp (read here unless given)."""
+        if isinstance(stored, _Unread):
+            stored = _version(read, HOSTS_VERSION)
         if self._hosts is None or stored != self._hosts_version:
             rows = read("SELECT * FROM hosts", ())
             self._hosts, self._hosts_version = {str(r["machine_id"]): r for r in rows}, stored
         return self._hosts
 
     # ---- the history a tick decides from ---------------------------------------------------
-    def history(self, now: float) -> History:
-        """Everything one tick's decision reads, as plain data, from one snapshot."""
+    def history(self, now: float, waiting: Sequence[Row] | None = None) -> History:
+        """Everything one tick's decision reads, as plain data, from one snapshot (`waiting`:
+        the waiting replacements, `Actions.replacements()`, when the caller read them in it)."""
         since = now - HISTORY_WINDOW_S
         with self.store.snapshot() as db:
 
             def read(sql: str, args: Sequence[Any]) -> list[Row]:
                 return db.execute(sql, args).rows
 
-            tracks = dict(self._track_map(read))
+            stamps: dict[str, str | None] = {TRACKS_VERSION: None, HOSTS_VERSION: None}
+            for r in read(
+                "SELECT key, value FROM kv WHERE key IN (?, ?)", (TRACKS_VERSION, HOSTS_VERSION)
+            ):  # both stamps in one read
+                stamps[str(r["key"])] = str(loads(r["value"]))
+            tracks = dict(self._track_map(read, stamps[TRACKS_VERSION]))
             events = read("SELECT * FROM events WHERE at >= ? AND kind IN ('death', 'restart') "
                           "ORDER BY id", (since,))  # fmt: skip
-            hosts = list(self._host_rows(read).values())  # read only
+            hosts = list(self._host_rows(read, stamps[HOSTS_VERSION]).values())  # read only
             acted = read(  # the window first (else a planner may walk the whole table)
                 "WITH recent AS MATERIALIZED (SELECT action, target, at FROM actions WHERE "
                 "at >= ? AND verdict = 'act' AND status != 'failed') "
@@ -233,7 +250,9 @@ CREATE TABLE IF NOT EXISTS hosts (
                 "parent_id IS NOT NULL AND status IN ('ok', 'intent', 'unknown') AND at >= ?",
                 (since,),
             )
-            waiting = read("SELECT old_id, new_id FROM replacements WHERE state = 'waiting'", ())
+            if waiting is None:
+                waiting = read("SELECT old_id, new_id FROM replacements WHERE state = 'waiting'",
+                               ())  # fmt: skip
         return History(
             instances=tracks,
             events=tuple(Event(r["instance_id"], r["at"], r["kind"], loads(r["detail"], {}))

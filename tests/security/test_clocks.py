@@ -315,7 +315,7 @@ def test_ticks_failing_in_a_row_are_escalated_and_resolve_when_ticks_work(
     c.tick()
     history = app.journal.fleet.history
 
-    def failing(now: float) -> Any:
+    def failing(*args: Any) -> Any:
         raise JournalError("journal (fleet): disk I/O error")
 
     monkeypatch.setattr(app.journal.fleet, "history", failing)
