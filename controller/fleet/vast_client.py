@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 import requests
@@ -47,6 +48,17 @@ log = logging.getLogger(__name__)
 
 PAGE_LIMIT = 25  # vast's maximum page size for the v1 instance list
 MAX_PAGES = 4000  # 100,000 instances: more means the cursor is going round in circles
+
+
+# the first page's query, every tick (one object: `VastHTTP` encodes a query it was given
+# before once; never changed)
+_FIRST_PAGE: Mapping[str, Any] = MappingProxyType(
+    {
+        "select_filters": {},
+        "order_by": [{"col": "id", "dir": "asc"}],
+        "limit": PAGE_LIMIT,
+    }
+)
 
 
 class VastClient:
@@ -105,13 +117,7 @@ class VastClient:
         return list(rows.values())
 
     def _list_page(self, page: int, token: str | None) -> Any:
-        params = {
-            "select_filters": {},
-            "order_by": [{"col": "id", "dir": "asc"}],
-            "limit": PAGE_LIMIT,
-        }
-        if token:
-            params["after_token"] = token
+        params = {**_FIRST_PAGE, "after_token": token} if token else _FIRST_PAGE
         what = f"vast instance list page {page}"
         try:
             return self._http.read_json("list", "GET", "/api/v1/instances/", what, params=params)

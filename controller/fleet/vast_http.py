@@ -30,6 +30,7 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 import requests
@@ -78,6 +79,7 @@ class VastHTTP:
         self._sleep = sleep
         self._next_slot: dict[str, float] = {}
         self._prepared: dict[Any, requests.PreparedRequest] = {}
+        self._queries: dict[int, tuple[Mapping[str, Any], dict[str, str]]] = {}
         self._env: dict[str, Any] | None = None  # proxies and CA bundle from the environment
         self._lock = threading.Lock()
 
@@ -156,7 +158,7 @@ class VastHTTP:
     ) -> requests.Response:
         """One call with its policy's retries: the last response, or Unreached."""
         attempts = 1 if policy == "create" else 1 + self.settings.retries
-        query = _encode_query(params) if params else None
+        query = self._query(params) if params else None
         for attempt in range(attempts):
             response: requests.Response | None = None
             try:
@@ -179,6 +181,15 @@ class VastHTTP:
                         attempts - 1, delay)  # fmt: skip
             self._sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _query(self, params: Mapping[str, Any]) -> dict[str, str]:
+        """`params` encoded; a read-only mapping (`MappingProxyType`), encoded once."""
+        if not isinstance(params, MappingProxyType):
+            return _encode_query(params)
+        held = self._queries.get(id(params))
+        if held is None or held[0] is not params:
+            held = self._queries[id(params)] = (params, _encode_query(params))
+        return held[1]
 
     def _send(
         self, endpoint: str, method: str, path: str, query: dict[str, str] | None, body: Any

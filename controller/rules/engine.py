@@ -95,13 +95,13 @@ class Engine:
         record.__name__ = f"record_{key}"
         return record
 
-    def _asserted(self, fact: dict[str, Any], sid: str, stamp: float) -> dict[str, Any]:
+    def _slim(self, fact: dict[str, Any]) -> dict[str, Any]:
+        """The fields of `fact` the rules read (all when asserted whole), without the ones
+        the session stamps (`sid`, `t`)."""
         if self._keep is None:
-            return dict(fact, sid=sid, t=stamp)
+            return {k: v for k, v in fact.items() if k not in _STAMPS}
         keep = self._keep.get(str(fact.get("kind")), _KIND_ID)
-        slim = {k: fact[k] for k in keep if k in fact}
-        slim["sid"], slim["t"] = sid, stamp
-        return slim
+        return {k: fact[k] for k in keep if k in fact and k not in _STAMPS}
 
     def match(self, facts: Sequence[dict[str, Any]], stamp: float, *,
               reuse: bool = True) -> list[Match]:  # fmt: skip
@@ -111,16 +111,16 @@ class Engine:
         as they did: a session starts empty, so what fires depends on the facts alone (a
         quiet fleet asserts the same facts tick after tick). `reuse=False` asserts them all
         the same (what a benchmark of the engine times)."""
-        sid = f"{self._name}.{next(self._sids)}"
-        batch = [{"kind": TICK_KIND, "id": TICK_KIND, "sid": sid, "t": stamp}]
-        batch += [self._asserted(f, sid, stamp) for f in facts]
+        slim = [self._slim(f) for f in facts]
         try:
-            key: str | None = _KEYS.encode([{k: v for k, v in f.items() if k not in _STAMPS}
-                                            for f in batch[1:]])  # fmt: skip
+            key: str | None = _KEYS.encode(slim)
         except (TypeError, ValueError):
             key = None  # not JSON: the engine says so below
         if reuse and key is not None and self._last is not None and self._last[0] == key:
             return list(self._last[1])
+        sid = f"{self._name}.{next(self._sids)}"
+        batch = [{"kind": TICK_KIND, "id": TICK_KIND, "sid": sid, "t": stamp}]
+        batch += [dict(f, sid=sid, t=stamp) for f in slim]
         fired = self._match(batch, sid)
         self._last = (key, tuple(fired)) if key is not None else None
         return fired
