@@ -217,6 +217,39 @@ def test_the_demand_history_reads_windows_and_fills_quiet_tasks_with_zero(tmp_pa
         j.close()
 
 
+def test_the_kept_series_answers_as_reading_it_all_every_tick(tmp_path: Path) -> None:
+    """The series a window keeps tick by tick (slices, not a pass over the rows) is the
+    full read's, every tick: tasks that come, go quiet for longer than the spans and come
+    back, spans that overlap and that leave the window's start behind; then rows of a time
+    already kept, after which it builds the series from the rows, still the same."""
+    from controller.store.demand import Window
+
+    j = Journal(tmp_path / "j.db")
+    try:
+        window = Window()
+        rng = random.Random(11)
+        for k in range(400):
+            tasks = [Demand("all", rng.randint(0, 9), rng.randint(0, 3))]
+            if k % 3:
+                tasks.append(Demand("PoRep", rng.randint(0, 4), 0))
+            if k < 40 or k > 300:  # quiet for longer than every span in between
+                tasks.append(Demand("WdPost", rng.randint(1, 2), 1))
+            if k % 50 == 7:
+                tasks.append(Demand("Rare", 1, 0))
+            j.demand.record(60.0 * k, tasks, {})
+            now = 60.0 * k
+            spans = [(now - 1800.0, now), (now - 2400.0, now - 1200.0),
+                     (now - 9000.0, now - 8000.0)]  # fmt: skip
+            assert j.demand.series(spans, window) == j.demand.series(spans), k
+            assert window.exact, k
+        j.demand.record(60.0 * 399, [Demand("Late", 1, 0)], {})  # a time already kept
+        spans = [(60.0 * 380, 60.0 * 400)]
+        assert j.demand.series(spans, window) == j.demand.series(spans)
+        assert not window.exact and "Late" in j.demand.series(spans, window)
+    finally:
+        j.close()
+
+
 def test_a_kept_window_of_the_demand_history_answers_as_reading_it_all(tmp_path: Path) -> None:
     """The window a controller keeps gives the forecast the rows a full read would, tick
     after tick, with overlapping spans, rows written out of order and rows of equal time, and

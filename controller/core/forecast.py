@@ -27,6 +27,7 @@ import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from operator import itemgetter
 from typing import Any
 
 DAY = 86_400.0
@@ -113,7 +114,7 @@ class _Sorted:
 
     def __init__(self, history: Series) -> None:
         self.points = sorted(history)  # linear on the sorted series the journal returns
-        self.times = [t for t, _ in self.points]
+        self.times = list(map(itemgetter(0), self.points))
 
     def window(self, lo: float, hi: float, closed: bool = True) -> list[tuple[float, float]]:
         """The points with lo <= t <= hi (t < hi when not `closed`)."""

@@ -12,6 +12,7 @@ keeps less.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -41,6 +42,79 @@ class Window:
     last_id: int = 0
     ats: list[float] = field(default_factory=list)
     rows: list[Row] = field(default_factory=list)
+    # The series over the whole window, kept as rows come (`series`): the ticks (the `at`
+    # of each `all` row), each task's sample at every tick (0 where it has no row), and the
+    # times of each task's own rows. `exact` turns off for good when rows come out of order
+    # or two ticks share a time: the series is then built from the rows every read.
+    ticks: list[float] = field(default_factory=list)
+    samples: dict[str, list[Sample]] = field(default_factory=dict)
+    own: dict[str, list[float]] = field(default_factory=dict)
+    exact: bool = True
+    kept_at: float = -math.inf  # the time of the last rows kept
+
+    def series(self, store: Store, spans: Sequence[tuple[float, float]]) -> dict[str, list[Sample]]:
+        """`DemandHistory.series(spans)` from the window, brought up to date first; slices
+        of the kept series rather than a pass over every row within the spans."""
+        rows = self.rows_within(store, spans)
+        if not self.exact:
+            return _series(rows)
+        ranges, last = [], 0  # the ticks within the spans, each once, in order
+        for lo, hi in sorted(spans):
+            first = max(bisect_left(self.ticks, lo), last)
+            end = bisect_right(self.ticks, hi)
+            if end > first:
+                ranges.append((first, end))
+            last = max(last, end)
+        out: dict[str, list[Sample]] = {}
+        for task, times in self.own.items():
+            if not any((i := bisect_left(times, lo)) < len(times) and times[i] <= hi
+                       for lo, hi in spans):  # fmt: skip
+                continue  # no row of its own within the spans: not in the series
+            kept, picked = self.samples[task], []
+            for a, b in ranges:
+                picked += kept[a:b]
+            out[task] = picked
+        return out
+
+    def _keep(self, fresh: list[Row]) -> None:
+        """The kept series, with `fresh` (rows after every row kept, by time)."""
+        ticks, samples, own = self.ticks, self.samples, self.own
+        k = 0
+        while k < len(fresh):
+            at = fresh[k][0]
+            group = []
+            while k < len(fresh) and fresh[k][0] == at:
+                group.append(fresh[k])
+                k += 1
+            if at <= self.kept_at:  # rows of a time already kept (a second tick at it)
+                self.exact = False
+                return
+            self.kept_at = at
+            for _, task, _ in group:
+                if task not in own:
+                    own[task] = []
+                    samples[task] = [(t, 0.0) for t in ticks]
+                own[task].append(at)
+            if not any(task == "all" for _, task, _ in group):
+                continue
+            ticks.append(at)
+            for series in samples.values():
+                series.append((at, 0.0))
+            for _, task, demand in group:
+                samples[task][-1] = (at, demand)
+
+    def _drop(self, start: float) -> None:
+        """The kept series without what lies before `start`."""
+        cut = bisect_left(self.ticks, start)
+        if cut:
+            del self.ticks[:cut]
+            for series in self.samples.values():
+                del series[:cut]
+        for task in list(self.own):
+            times = self.own[task]
+            del times[: bisect_left(times, start)]
+            if not times:
+                del self.own[task], self.samples[task]
 
     def rows_within(self, store: Store, spans: Sequence[tuple[float, float]]) -> list[Row]:
         start = min(lo for lo, _ in spans)
@@ -54,12 +128,17 @@ class Window:
         if fresh and self.ats and fresh[0][0] < self.ats[-1]:  # written out of order
             self.rows = sorted(self.rows + fresh, key=lambda r: r[0])  # stable: by id
             self.ats = [r[0] for r in self.rows]
+            self.exact = False
         elif fresh:
             self.rows.extend(fresh)
             self.ats.extend(r[0] for r in fresh)
+            if self.exact:
+                self._keep(fresh)
         drop = bisect_left(self.ats, start)
         if drop:
             del self.ats[:drop], self.rows[:drop]
+        if self.exact:
+            self._drop(start)
         picked: list[Row] = []
         last = 0  # spans that overlap give each row once
         for lo, hi in sorted(spans):
@@ -120,7 +199,7 @@ CREATE INDEX IF NOT EXISTS demand_history_at ON demand_history(at);
             return {}
         try:
             if window is not None:
-                rows = window.rows_within(self.store, spans)
+                return window.series(self.store, spans)
             else:
                 where = " OR ".join("(at >= ? AND at <= ?)" for _ in spans)
                 args = [x for span in spans for x in span]
@@ -131,13 +210,7 @@ CREATE INDEX IF NOT EXISTS demand_history_at ON demand_history(at);
             if not getattr(self.store, "read_only", False):
                 raise
             return {}  # a journal from before the demand history, opened read-only (explain)
-        ticks: list[float] = []
-        seen: dict[str, dict[float, float]] = defaultdict(dict)
-        for at, task, demand in rows:
-            if task == "all":
-                ticks.append(at)
-            seen[task][at] = demand
-        return {task: [(at, values.get(at, 0.0)) for at in ticks] for task, values in seen.items()}
+        return _series(rows)
 
     def scored(self, task: str = "all") -> list[tuple[float, float, float | None, float | None]]:
         """(at, demand, forecast, horizon_s) of `task` at every tick kept, by `at`."""
@@ -148,3 +221,15 @@ CREATE INDEX IF NOT EXISTS demand_history_at ON demand_history(at);
                  None if r["forecast"] is None else float(r["forecast"]),
                  None if r["horizon_s"] is None else float(r["horizon_s"]))
                 for r in rows]  # fmt: skip
+
+
+def _series(rows: Sequence[Row]) -> dict[str, list[Sample]]:
+    """Each task's (at, demand) at every tick among `rows` (the `at` of each `all` row), 0
+    where it has no row; the tasks with a row among them."""
+    ticks: list[float] = []
+    seen: dict[str, dict[float, float]] = defaultdict(dict)
+    for at, task, demand in rows:
+        if task == "all":
+            ticks.append(at)
+        seen[task][at] = demand
+    return {task: [(at, values.get(at, 0.0)) for at in ticks] for task, values in seen.items()}
