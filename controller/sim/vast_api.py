@@ -27,6 +27,7 @@ Must not decide anything about the fleet; no sockets, no threads, no wall clock:
 
 from __future__ import annotations
 
+import datetime
 import http
 import json
 import random
@@ -40,6 +41,7 @@ from urllib.parse import urlsplit
 
 import requests
 from requests.adapters import BaseAdapter
+from requests.cookies import cookiejar_from_dict
 from requests.models import PreparedRequest, Response
 from requests.structures import CaseInsensitiveDict
 
@@ -245,17 +247,19 @@ def _response(request: PreparedRequest, code: int, body: Any) -> Response:
     else:
         text, kind = encode(body), "application/json"
     content = text.encode("utf-8")
-    response = Response()
-    response.status_code = code
-    response.reason = http.HTTPStatus(code).phrase
-    response.headers = CaseInsensitiveDict(
-        {"Content-Type": kind, "Content-Length": str(len(content))}
-    )
-    response._content = content
-    response.url = request.url or ""
-    response.request = request
-    response.encoding = "utf-8"
+    response = Response.__new__(Response)  # what Response() sets, with one empty cookie jar
+    response.__dict__.update(
+        _content=content, _content_consumed=False, _next=None, status_code=code,
+        headers=CaseInsensitiveDict({"Content-Type": kind, "Content-Length": str(len(content))}),
+        raw=None, url=request.url or "", encoding="utf-8", history=[],
+        reason=http.HTTPStatus(code).phrase, cookies=_NO_COOKIES, elapsed=_NO_TIME,
+        request=request,
+    )  # fmt: skip
     return response
+
+
+_NO_COOKIES = cookiejar_from_dict({})  # vast sets none; shared by every reply, never written
+_NO_TIME = datetime.timedelta(0)
 
 
 _TEXTS: dict[int, tuple[dict[str, Any], str]] = {}  # id(instance object) -> (it, its JSON)
