@@ -41,7 +41,7 @@ from urllib.parse import urlsplit
 
 import requests
 from requests.adapters import BaseAdapter
-from requests.cookies import cookiejar_from_dict
+from requests.cookies import RequestsCookieJar
 from requests.models import PreparedRequest, Response
 from requests.structures import CaseInsensitiveDict
 
@@ -258,7 +258,7 @@ def _response(request: PreparedRequest, code: int, body: Any) -> Response:
     return response
 
 
-_NO_COOKIES = cookiejar_from_dict({})  # vast sets none; shared by every reply, never written
+_NO_COOKIES = RequestsCookieJar()  # vast sets none; shared by every reply, never written
 _NO_TIME = datetime.timedelta(0)
 
 

@@ -93,6 +93,11 @@ class Store(Protocol):
         is): what the journal's identity check (`Meta.check_identity`) asks first."""
         ...
 
+    def others_version(self) -> int | None:
+        """A number that changes whenever another connection commits to the database (None:
+        this backend has none): while it stays, nothing this process did not write changed."""
+        ...
+
     def create(self, ddl: Sequence[str]) -> None: ...
     def add_column(self, table: str, column: str, decl: str) -> None: ...
     def close(self) -> None: ...
@@ -267,6 +272,11 @@ class SQLiteStore:
             return f"the journal file {self.where} was replaced by another file"
         return None
 
+    def others_version(self) -> int | None:
+        """SQLite's `PRAGMA data_version`: it moves when another connection commits."""
+        with self._lock, _sqlite_errors(self.where):
+            return int(self._db.execute("PRAGMA data_version").fetchone()[0])
+
     def tx(self) -> AbstractContextManager[Tx]:
         return _SQLiteTransaction(self, "BEGIN IMMEDIATE")
 
@@ -410,6 +420,9 @@ class PostgresStore:
     def add_column(self, table: str, column: str, decl: str) -> None:
         with self.tx() as db:
             db.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {decl}")
+
+    def others_version(self) -> int | None:
+        return None  # (no cheap equivalent: the identity row is read every time)
 
     def vanished(self) -> str | None:
         """None: a schema has no file to lose; its identity row (`Meta.check_identity`)

@@ -39,6 +39,8 @@ CREATE TABLE IF NOT EXISTS rule_reloads (
 );
 """
 
+    _verified: tuple[int, str] | None = None  # (`others_version`, id) when it last matched
+
     # ---- key/value -------------------------------------------------------------------------
     def get(self, key: str, default: Any = None) -> Any:
         row = self._one("SELECT value FROM kv WHERE key = ?", (key,))
@@ -60,9 +62,12 @@ CREATE TABLE IF NOT EXISTS rule_reloads (
             return made
 
     def check_identity(self, expected: str) -> None:
-        """Raise `JournalLost` unless this is still the journal whose id is `expected`."""
+        """Raise `JournalLost` unless this is still the journal whose id is `expected`. The
+        identity row is read again only when another connection committed since it last
+        matched (this process never changes it once made)."""
         why = self.store.vanished()
-        if why is None:
+        stamp = self.store.others_version() if why is None else None
+        if why is None and (stamp is None or (stamp, expected) != self._verified):
             try:
                 found = self.get(IDENTITY)
             except JournalError as exc:
@@ -74,7 +79,9 @@ CREATE TABLE IF NOT EXISTS rule_reloads (
             elif found != expected:
                 why = f"the journal at {self.store.where} is another journal now"
         if why is not None:
+            self._verified = None
             raise JournalLost(why)
+        self._verified = (stamp, expected) if stamp is not None else None
 
     # ---- ticks -----------------------------------------------------------------------------
     def start_tick(self, now: float, rules: str, db: Tx | None = None) -> int:

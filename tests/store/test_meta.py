@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 from support import peer
 
+from controller.store.backend import JournalLost
 from controller.store.journal import Journal
 from controller.store.meta import MAX_PROBLEMS_CHARS
 
@@ -45,3 +47,31 @@ def test_reloads_are_journaled_with_their_problems_capped(j: Journal) -> None:
     rows = j.meta.reloads()
     assert [(r["ok"], r["problems"]) for r in rows[:2]] == [(1, ""), (0, "rules/x.yaml:3: bad")]
     assert len(rows[2]["problems"]) == MAX_PROBLEMS_CHARS and rows[2]["digest"] == "def"
+
+
+def test_the_identity_row_is_read_again_only_after_another_connection_wrote(
+    j: Journal,
+) -> None:
+    made = j.meta.identity()
+    reads: list[str] = []
+    get = j.meta.get
+
+    def counted(key: str, default: object = None) -> object:
+        reads.append(key)
+        return get(key, default)
+
+    j.meta.get = counted  # type: ignore[method-assign]
+    for _ in range(3):
+        j.meta.check_identity(made)
+    j.meta.put("paused", True)  # this process's own write: its identity row stays as it was
+    j.meta.check_identity(made)
+    expected_reads = 1 if j.store.kind == "sqlite" else 4  # PostgreSQL reads it every time
+    assert reads == ["journal_id"] * expected_reads
+    with pytest.raises(JournalLost, match="another journal"):
+        j.meta.check_identity("some other id")  # asked about another id: read, and refused
+    other = peer(j)
+    with other.tx() as db:  # another connection deletes the row
+        db.execute("DELETE FROM kv WHERE key = 'journal_id'")
+    with pytest.raises(JournalLost, match="no identity row"):
+        j.meta.check_identity(made)
+    other.close()
