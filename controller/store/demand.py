@@ -119,9 +119,10 @@ class Window:
     def rows_within(self, store: Store, spans: Sequence[tuple[float, float]]) -> list[Row]:
         start = min(lo for lo, _ in spans)
         arg: float = self.last_id or start  # after the last read by id (not the `at` index)
-        where = "id > ?" if self.last_id else "at >= ?"
-        new = store.query(f"SELECT id, at, task, demand FROM demand_history WHERE {where} "
-                          "ORDER BY id", (arg,))  # fmt: skip
+        # the first read by the `at` index (`+id`: not a walk of the table in id order)
+        where = "id > ? ORDER BY id" if self.last_id else "at >= ? ORDER BY +id"
+        new = store.query(f"SELECT id, at, task, demand FROM demand_history WHERE {where}",
+                          (arg,))  # fmt: skip
         self.last_id = max([self.last_id, *(int(r["id"]) for r in new)])
         fresh = sorted(((float(r["at"]), str(r["task"]), float(r["demand"])) for r in new
                         if float(r["at"]) >= start), key=lambda r: r[0])  # fmt: skip

@@ -31,6 +31,7 @@ CREATE TABLE IF NOT EXISTS escalations (
 );
 CREATE INDEX IF NOT EXISTS escalations_fp ON escalations(fingerprint, created_at);
 CREATE INDEX IF NOT EXISTS escalations_status ON escalations(status);
+CREATE INDEX IF NOT EXISTS escalations_answered ON escalations(answered_at);
 CREATE TABLE IF NOT EXISTS deliveries (
   id INTEGER PRIMARY KEY, escalation_id INTEGER NOT NULL, channel TEXT NOT NULL, at REAL NOT NULL,
   ok INTEGER NOT NULL, detail TEXT
@@ -148,14 +149,16 @@ CREATE TABLE IF NOT EXISTS deliveries (
     def answered_since(self, since: float) -> list[Row]:
         """Escalations answered (by anyone, the deadline included) at or after `since`, oldest
         first, decoded."""
-        rows = self._all("SELECT * FROM escalations WHERE answered_at >= ? ORDER BY id", (since,))
+        rows = self._all("SELECT * FROM escalations WHERE answered_at >= ? ORDER BY +id",
+                         (since,))  # fmt: skip
         return [_decoded(r) for r in rows]
 
     def answers_signature(self, since: float) -> str:
         """Changes whenever an escalation answered since `since` is answered, carried out,
         vetoed or voided: whether the track record needs reading again."""
-        rows = self._all("SELECT id, status FROM escalations WHERE answered_at >= ? ORDER BY id",
-                         (since,))  # fmt: skip
+        rows = self._all(  # `+id`: else SQLite walks the whole table in id order
+            "SELECT id, status FROM escalations WHERE answered_at >= ? ORDER BY +id", (since,)
+        )
         return dumps([[r["id"], r["status"]] for r in rows])
 
     _EXECUTED = (

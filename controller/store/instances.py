@@ -33,6 +33,9 @@ SCHEMA = (
       created_at REAL NOT NULL, deadline REAL NOT NULL, picked_at REAL, done_at REAL,
       result TEXT)""",
     "CREATE INDEX IF NOT EXISTS instance_commands_label ON instance_commands(label, done_at)",
+    # the open ones, for the overdue check each tick (done ones pile up, one per restart)
+    "CREATE INDEX IF NOT EXISTS instance_commands_open ON instance_commands(deadline) "
+    "WHERE picked_at IS NULL AND done_at IS NULL",
 )
 
 

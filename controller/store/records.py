@@ -251,7 +251,7 @@ class LifecycleStore(Aggregate):
         """Commands no heartbeat picked up before their deadline (and nobody completed)."""
         rows = self._all(
             "SELECT * FROM instance_commands WHERE picked_at IS NULL AND done_at IS NULL "
-            "AND deadline <= ? ORDER BY id",
+            "AND deadline <= ? ORDER BY +id",  # `+id`: the open-commands index, not a table walk
             (now,),
         )
         return [command_of(r) for r in rows]
