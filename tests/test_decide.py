@@ -6,7 +6,7 @@ from typing import Any
 
 from support import book_of, fact
 
-from controller.core.decide import decide
+from controller.core.decide import decide, weigh
 from controller.core.matches import Match
 from controller.core.model import Proposal
 from controller.core.policy import DecideSettings, Gate
@@ -141,11 +141,29 @@ def test_removing_many_working_instances_at_once_is_doubtful_but_idle_scale_down
     out = run([*busy, fleet], [fired("replace-it", instance=f"i{n}") for n in range(4)])
     assert {d.verdict for d in out.decisions} == {"ask"}
     idle = [fact("instance", f"i{n}", tasks_running=0) for n in range(4)]
-    props = tuple(
-        Proposal("destroy", {"instance": f"i{n}"}, "rule:x", "idle", 0.9) for n in range(4)
-    )
-    out = run([*idle, fleet], [], extra=props)
-    assert {d.verdict for d in out.decisions} == {"act"}
+    assert weighed([*idle, fleet]) == {0.9}
+
+
+def test_destroying_many_parked_instances_is_routine_but_many_stopped_ones_is_doubtful() -> None:
+    # a warm pool parked at one quiet hour reaches its time limit at one tick: fleetgate
+    # stopped those itself; instances that stopped on their own are another matter
+    fleet = fact("fleet", instances=4)
+    parked = [
+        fact("instance", f"i{n}", status="stopped", parked=True, tasks_running=0) for n in range(4)
+    ]
+    assert weighed([*parked, fleet]) == {0.9}
+    stopped = [
+        fact("instance", f"i{n}", status="stopped", parked=False, tasks_running=0) for n in range(4)
+    ]
+    assert weighed([*stopped, fleet]) == {0.63}  # 0.9 x the large change factor, 0.7: asks
+
+
+def weighed(facts: list[dict[str, Any]]) -> set[float]:
+    """The confidences after `weigh` of a destroy at 0.9 of every instance in `facts`."""
+    props = [Proposal("destroy", {"instance": str(f["id"])}, "rule:x", "why", 0.9)
+             for f in facts if f["kind"] == "instance"]  # fmt: skip
+    by_id = {str(f["id"]): f for f in facts}
+    return {p.confidence for p in weigh(props, by_id, Gate())}
 
 
 def test_modes_observe_propose_and_per_action_override() -> None:

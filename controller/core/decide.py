@@ -123,12 +123,15 @@ def _removes_work(p: Proposal, facts: dict[str, dict[str, Any]]) -> bool:
     """A destructive proposal on an instance that holds tasks or only looks dead.
 
     Many of these at once is doubtful (a host-wide outage, or a sensing glitch); removing idle
-    instances when the queue is empty is routine scale-down and not counted.
+    instances when the queue is empty is routine scale-down and not counted, nor is removing
+    parked ones: fleetgate stopped them itself, so stopped is what they should look like.
     """
     if not descriptor(p.action).destructive:
         return False
     inst = facts.get(str(p.params.get("instance")), {})
-    return int(inst.get("tasks_running", 0)) > 0 or inst.get("status") != "running"
+    if int(inst.get("tasks_running", 0)) > 0:
+        return True
+    return inst.get("status") != "running" and not inst.get("parked", False)
 
 
 def resolve(props: list[Proposal]) -> tuple[list[Proposal], list[Decision], list[Doubt]]:
