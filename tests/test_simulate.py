@@ -235,6 +235,9 @@ def test_simulate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     warm = doc["policies"]["oracle_warm"]  # the lower bound with stop and start
     assert warm["cost_usd"] <= doc["policies"]["oracle"]["cost_usd"]
     assert warm["waits_s"] == doc["policies"]["oracle"]["waits_s"]
+    # both act at fleetgate's ticks, as everything in the simulator does
+    assert doc["baseline_params"]["tick_s"] == doc["seconds_per_tick"] == 60.0
+    assert warm["tick_s"] == doc["policies"]["oracle"]["tick_s"] == 60.0
     assert doc["policies"]["fleetgate"]["ratio_to_oracle_warm"] >= (
         doc["policies"]["fleetgate"]["ratio_to_oracle"])  # fmt: skip
     fg = doc["fleetgate"]

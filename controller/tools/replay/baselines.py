@@ -18,6 +18,10 @@
 - `oracle(warm=True)`: the same, with vast's stop and start too (fleetgate's warm pool): a gap
   between two needs may be spent stopped, paying storage and a start's loading time, when
   that is cheaper than idling or a new boot. It is the lower bound for a fleet that parks.
+- With `tick_s` both oracles change the fleet only at ticks, as every controller in the
+  simulator does (a rent, destroy, stop or start happens at a tick and bills from it): a
+  need bills whole ticks, a stop and a start are two ticks apart. Still lower bounds there,
+  and higher than at any moment by the rounding alone.
 
 All assume every instance serves a task in its trace service time (the simulator's reference
 rate) and never fails. Pure: tasks and parameters in, an `Outcome` out.
@@ -129,8 +133,9 @@ def oracle(tasks: Sequence[TraceTask], p: BaselineParams, *, warm: bool = False)
 
     `warm`: it may also stop an instance between two needs and start it again (vast's stop
     and start, as fleetgate's warm pool does), at the best a stop can cost: storage for the
-    gap and `p.start_s` of loading, never a wait for the host's GPUs nor a lost machine. A gap
-    then costs the least of keeping it idle, a new boot, and that (`oracle_warm`)."""
+    gap until the start and `p.start_s` of loading, never a wait for the host's GPUs nor a
+    lost machine. A gap then costs the least of keeping it idle, a new boot, and that
+    (`oracle_warm`)."""
     kept = within(tasks, p.horizon_s)
     waits: list[float] = [0.0] * len(kept)
     censored = 0
@@ -144,6 +149,8 @@ def oracle(tasks: Sequence[TraceTask], p: BaselineParams, *, warm: bool = False)
         run = [s for s in started if s.arrival_s < p.horizon_s]
         censored = len(kept) - len(run)
     steps = concurrency_steps(run, p.horizon_s)
+    if p.tick_s:
+        return _ticked(steps, p, warm, waits, censored)
     on_since: dict[int, float] = {}  # level -> when it last turned on
     off_since: dict[int, float] = {}  # level -> when it last turned off
     paid, starts, restarts, peak, now_running = 0.0, 0, 0, 0, 0
@@ -161,9 +168,9 @@ def oracle(tasks: Sequence[TraceTask], p: BaselineParams, *, warm: bool = False)
         need = math.ceil(running / p.slots)
         for k in range(len(on_since) + 1, need + 1):  # levels turning on
             gap = when - off_since.pop(k, -math.inf)
-            parked = math.inf  # stopped through the gap: storage, then a start
-            if warm and p.start_s is not None and gap < math.inf:
-                parked = p.start_s + gap * p.storage_dph / p.dph
+            parked = math.inf  # stopped through the gap: storage, then a start's loading
+            if warm and p.start_s is not None and p.start_s <= gap < math.inf:
+                parked = p.start_s + (gap - p.start_s) * p.storage_dph / p.dph
             if min(gap, parked) > p.boot_s:
                 starts, paid = starts + 1, paid + p.boot_s
             elif parked < gap:
@@ -181,6 +188,84 @@ def oracle(tasks: Sequence[TraceTask], p: BaselineParams, *, warm: bool = False)
         gpus_per_instance=p.gpus_per_instance, waits=tuple(waits), censored=censored,
         instances_started=starts, peak_instances=peak, series=tuple(series),
         notes={"starts_from_stopped": restarts} if warm else {},
+    )  # fmt: skip
+
+
+def needs_by_tick(
+    steps: Sequence[tuple[float, int]], p: BaselineParams
+) -> list[tuple[int, dict[int, float]]]:
+    """Per tick of `p.tick_s`: the most instances needed in it (ceil(running / slots)), and for
+    each level above the tick's opening need, the moment in the tick it is first needed."""
+    tick = float(p.tick_s or 0.0)
+    out: list[tuple[int, dict[int, float]]] = []
+    need, j = 0, 0
+    for k in range(math.ceil(p.horizon_s / tick)):
+        while j < len(steps) and steps[j][0] <= k * tick:  # changes at the tick open it
+            need, j = math.ceil(steps[j][1] / p.slots), j + 1
+        top, first = need, {}
+        while j < len(steps) and steps[j][0] < (k + 1) * tick:
+            when, running = steps[j]
+            need = math.ceil(running / p.slots)
+            for level in range(top + 1, need + 1):
+                first[level] = when
+            top, j = max(top, need), j + 1
+        out.append((top, first))
+    return out
+
+
+def _ticked(
+    steps: Sequence[tuple[float, int]], p: BaselineParams, warm: bool,
+    waits: list[float], censored: int,
+) -> Outcome:  # fmt: skip
+    """The oracle when the fleet changes only at ticks (`p.tick_s`), as in the simulator, where
+    every rent, destroy, stop and start happens at a tick and bills from it: a level bills
+    every tick it is needed in; one first needed at t in tick j was rented at the last tick
+    at least a boot before t, or started at the last tick at least `start_s` before it (a stop
+    and a start are two ticks apart at least), or kept idle since it was last needed; each
+    gap costs the least of those. Never cheaper than the same oracle at any moment."""
+    tick = float(p.tick_s or 0.0)
+
+    def lead(t: float, j: int, ahead: float) -> float:  # billed before tick j to serve by t
+        return j * tick - math.floor((t - ahead) / tick) * tick
+
+    off_since: dict[int, float] = {}  # level -> the tick it stopped billing at
+    paid, starts, restarts, peak, on = 0.0, 0, 0, 0, 0
+    spend_at: list[tuple[float, int]] = []  # per tick: spent by its end, levels billed
+    for j, (need, first) in enumerate(needs_by_tick(steps, p)):
+        for level in range(on + 1, need + 1):
+            t = first.get(level, j * tick)
+            boot = lead(t, j, p.boot_s)
+            s = off_since.pop(level, None)
+            idle = math.inf if s is None else j * tick - s
+            parked = math.inf
+            if warm and p.start_s is not None and s is not None:
+                b = math.floor((t - p.start_s) / tick) * tick  # the start's tick
+                if b >= s + tick:
+                    parked = (b - s) * p.storage_dph / p.dph + j * tick - b
+            cost = min(boot, idle, parked)
+            if cost == boot and boot < idle:
+                starts += 1
+            elif cost == parked and parked < idle:
+                restarts += 1
+            paid += cost
+        for level in range(need + 1, on + 1):
+            off_since[level] = j * tick
+        on, peak = need, max(peak, need)
+        paid += need * (min((j + 1) * tick, p.horizon_s) - j * tick)
+        spend_at.append((paid / 3600.0 * p.dph, need))
+    running = iter([*steps, (math.inf, 0)])
+    series, now_running = [], 0
+    step = next(running)
+    for t in _grid(p):
+        while step[0] <= t:
+            now_running, step = step[1], next(running)
+        spend, billed = spend_at[min(int(t // tick), len(spend_at) - 1)]
+        series.append(Sample(t, 0, now_running, 0, billed, 0, spend))
+    return Outcome(
+        name="oracle_warm" if warm else "oracle", instance_s=paid, dph=p.dph,
+        gpus_per_instance=p.gpus_per_instance, waits=tuple(waits), censored=censored,
+        instances_started=starts, peak_instances=peak, series=tuple(series),
+        notes={"starts_from_stopped": restarts, "tick_s": tick} if warm else {"tick_s": tick},
     )  # fmt: skip
 
 

@@ -207,6 +207,8 @@ def _params(
         max_instances=config.guards.max_instances, sample_s=sample_s,
         # the best a stop can cost: the quickest start and the cheapest storage
         start_s=world.start_s[0], storage_dph=world.storage_price_range[0] * world.disk_gb,
+        # the simulated fleet changes only at ticks, and bills from them: so do the oracles
+        tick_s=config.sim.seconds_per_tick,
     )  # fmt: skip
 
 

@@ -47,6 +47,9 @@ def build(
             "interval_s": params.interval_s,
             "cooldown_s": params.cooldown_s,
             "max_instances": params.max_instances,
+            "start_s": params.start_s,
+            "storage_dph": round(params.storage_dph, 4),
+            "tick_s": params.tick_s,
         },  # fmt: skip
         "policies": figures,
         "fleetgate": run,

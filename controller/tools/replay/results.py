@@ -53,6 +53,9 @@ class BaselineParams:
     """Seconds a stopped instance takes to serve again once started (None: no stop/start)."""
     storage_dph: float = 0.0
     """Dollars per hour a stopped instance bills (its disk)."""
+    tick_s: float | None = None
+    """The oracles change the fleet only every `tick_s` seconds, as a controller that acts
+    once a tick does (None: at any moment)."""
 
 
 @dataclass(frozen=True)
