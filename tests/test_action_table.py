@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from controller.core.actions import DESCRIPTORS, table
+from controller.core.facts import FIELDS
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 HEADER = "| action | parameters |"
@@ -34,3 +36,14 @@ def test_the_table_has_one_row_per_action_with_every_field() -> None:
     rows = table().splitlines()[2:]
     assert [r.split("|")[1].strip() for r in rows] == [f"`{n}`" for n in DESCRIPTORS]
     assert all(len(r.split("|")) == len(rows[0].split("|")) for r in rows)
+
+
+def test_the_readme_names_every_fact_field_a_rule_may_match() -> None:
+    """The README's **Fields** paragraph names each field of `controller.core.facts.FIELDS`."""
+    text = README.read_text(encoding="utf-8")
+    start = text.index("- **Fields** per kind:")
+    para = text[start : text.index("\n- **", start + 1)]
+    words = set(re.findall(r"[a-z_0-9]+", para))
+    missing = {f"{kind}.{name}" for kind, names in FIELDS.items() for name in names
+               if name not in words}  # fmt: skip
+    assert not missing, f"README.md's Fields paragraph leaves out {sorted(missing)}"

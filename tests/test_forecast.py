@@ -9,13 +9,15 @@ import math
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from controller.core import forecast as fc
 from controller.core.decide import resolve
-from controller.core.model import Demand, Proposal
-from controller.core.track import Track
+from controller.core.facts import build_facts
+from controller.core.model import Demand, Observation, Proposal
+from controller.core.track import History, Track
 from controller.service.assemble import assemble
 from controller.service.cli import main
 from controller.service.config import load_config
@@ -119,6 +121,25 @@ def test_the_forecast_is_never_negative_and_sized_in_instances() -> None:
     # rounded to whole tasks first: a fading tail asks for nothing, half a task for one
     assert fc.Forecast("all", 0.4, 1800.0, "trend").sized(2).count == 0
     assert fc.Forecast("all", 0.5, 1800.0, "trend").sized(2).count == 1
+
+
+def test_the_backlog_is_the_slots_that_finish_it_within_a_boot() -> None:
+    obs = Observation(0.0, (), (Demand("all", 300, 20), Demand("PoRep", 6, 1)), ())
+    horizon = {t: fc.Forecast(t, 0.0, 1800.0, "current") for t in ("all", "PoRep")}
+
+    def demand(hist: History) -> dict[str, dict[str, Any]]:
+        return {f["task"]: f for f in build_facts(obs, hist, 0.0) if f["kind"] == "demand"}
+
+    # untimed: a slot per pending task, and no task_s to match on
+    untimed = demand(History(forecasts=horizon))
+    assert untimed["all"]["backlog_slots"] == 300.0 and "task_s" not in untimed["all"]
+    # 300 tasks of 90 s are 7.5 hours of work: 15 slots finish them within the 30 min boot
+    timed = demand(History(forecasts=horizon, task_s={"all": 90.0, "PoRep": 3600.0}))
+    assert timed["all"]["task_s"] == 90.0 and timed["all"]["backlog_slots"] == 15.0
+    # tasks longer than a boot: each needs its own slot however long the wait
+    assert timed["PoRep"]["backlog_slots"] == 6.0
+    # no horizon (no forecast), no shortening
+    assert demand(History(task_s={"all": 90.0}))["all"]["backlog_slots"] == 300.0
 
 
 def _track(id: str, first_seen: float, stage: str, stage_since: float) -> Track:

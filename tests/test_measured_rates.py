@@ -24,7 +24,7 @@ from controller.core.gpu_rates import max_plausible
 from controller.core.model import Instance
 from controller.core.track import MIN_MEASURED_TASKS, History, Measured, advance, timed_as_claim
 from controller.fleet.base import LaunchRequest
-from controller.fleet.curio import CurioDemand, CurioSettings, TaskTiming, node_rates
+from controller.fleet.curio import CurioDemand, CurioSettings, TaskTiming, node_rates, task_seconds
 from controller.fleet.observe import RealFleet
 from controller.fleet.vast_offers import GOOD_RATE, rank_offers
 from controller.service.app import App
@@ -333,6 +333,30 @@ def test_node_rates_weigh_tasks_and_count_side_by_side_runs_once() -> None:
     assert rates["a:1"].rate == pytest.approx(3600.0 * (4 + 1.0) / 1900.0)
 
 
+def test_task_seconds_are_the_fleets_own_runs_per_weighted_task() -> None:
+    timings = [TaskTiming("a:1", "PoRep", 4, 900.0, 1800.0),
+               TaskTiming("b:1", "PoRep", 2, 600.0, 1200.0),
+               TaskTiming("a:1", "WinPost", 10, 10.0, 100.0),
+               TaskTiming("x:1", "PoRep", 50, 5.0, 250.0),  # not the fleet's node
+               TaskTiming("a:1", "SDR", 100, 1.0, 100.0)]  # not a proving task here  # fmt: skip
+    out = task_seconds({"PoRep": 1.0, "WinPost": 0.1}, timings, {"a:1", "b:1"})
+    assert out["PoRep"] == pytest.approx((4 * 900 + 2 * 600) / 6)
+    assert out["WinPost"] == pytest.approx(10.0)
+    # all: seconds of work per task as demand weighs them (a WinPost is a tenth of one)
+    assert out["all"] == pytest.approx((4 * 900 + 2 * 600 + 10 * 10) / (6 + 10 * 0.1))
+    assert task_seconds({"PoRep": 1.0}, timings, {"z:1"}) == {}
+
+
+def test_how_long_a_task_takes_is_timed_on_the_fleets_own_nodes_only(
+    db: CurioDB, journal: Journal
+) -> None:
+    fleet = Fleet(db, [FAST], journal)
+    assert fleet.tick().history.task_s == {}  # nothing timed yet
+    runs(db, FAST.own_node, 4, 300.0)
+    runs(db, "10.9.9.9:12300", 6, 5000.0)  # a node of the operator's own, slower work
+    assert fleet.tick().history.task_s == pytest.approx({"PoRep": 300.0, "all": 300.0}, rel=0.01)
+
+
 # --- the simulator's Curio rows answer the same query ------------------------------------
 
 
@@ -392,6 +416,10 @@ def test_a_simulated_tick_times_hosts_through_the_sim_wire(tmp_path: Path) -> No
     for inst in live:  # the benchmark stays the instance's own, whatever Curio timed
         assert tracks[inst.id].bench_rate == inst.bench_rate
     planned = c.plan(c.clock())  # as `explain` plans: what the next launch would rank by
+    # how long a task takes, timed as the hosts are: the world's service times (300-600 s)
+    [demand] = [f for f in planned.facts if f["kind"] == "demand" and f["task"] == "all"]
+    assert 300.0 <= demand["task_s"] <= 600.0
+    assert planned.history.task_s["all"] == pytest.approx(demand["task_s"], abs=1e-3)
     timed = {m: x.rate for m, x in planned.history.measured_now.items() if x.enough}
     assert timed, "some host ran three tasks in two hours"
     rates = planned.history.launch_rates()

@@ -224,6 +224,24 @@ def test_only_the_starts_scale_to_wants_are_made() -> None:
     assert (a.verdict, b.verdict) == ("act", "noop")
 
 
+def test_rent_to_rents_only_that_far_and_leaves_the_rest_of_count_to_the_warm_pool() -> None:
+    facts = [fact("fleet", instances=4, active=2, parked=2), parked_fact("p1"),
+             parked_fact("p2")]  # fmt: skip
+    # the burst wants 6; a boot would help only up to 3: both parked start, nothing is rented
+    scale, a, b = check(act("scale_to", count=6, rent_to=3), act("start", instance="p1"),
+                        act("start", instance="p2"), facts=facts)  # fmt: skip
+    assert (a.verdict, b.verdict) == ("act", "act")
+    assert scale.verdict == "noop" and "rents up to 3" in scale.why
+    # with no parked instance, it rents up to rent_to, not to count
+    [scale] = check(act("scale_to", count=6, rent_to=3), facts=facts[:1])
+    assert (scale.verdict, scale.effective_action, scale.effective_params) == (
+        "act", "launch", {"count": 1})  # fmt: skip
+    [scale] = check(act("scale_to", count=6), facts=facts[:1])  # without: to count
+    assert scale.effective_params == {"count": 4}
+    [scale] = check(act("scale_to", count=6, rent_to=9), facts=facts[:1])  # above: count
+    assert scale.effective_params == {"count": 4}
+
+
 def test_a_start_already_waiting_is_not_sent_again() -> None:
     facts = [fact("fleet", parked=0), parked_fact("p1", starting_for_s=60.0)]
     [d] = check(act("start", instance="p1"), facts=facts)

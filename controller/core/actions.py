@@ -27,9 +27,12 @@ class Launch(_Params):
 
 
 class ScaleTo(_Params):
-    """Grow the fleet to `count` live instances; shrinking is per idle instance (drain, destroy)."""
+    """Grow the fleet to `count` live instances; shrinking is per idle instance (drain, destroy).
+    With `rent_to`, new rentals bring it to at most that many: the rest of `count` comes only
+    from instances the plan undrains or starts (parked), which serve in minutes."""
 
     count: int = Field(ge=0, le=100_000)
+    rent_to: int | None = Field(default=None, ge=0, le=100_000)
 
 
 class OnInstance(_Params):
@@ -99,7 +102,9 @@ DESCRIPTORS: dict[str, Descriptor] = {d.name: d for d in (
     Descriptor("launch", Launch, "Rent `count` new instances with the configured offer filter.",
                "launch", held_on_sensing_failure=_FLEET),
     Descriptor("scale_to", ScaleTo, "Bring the fleet to `count` live instances (shrinking "
-               "drains idle ones first); the guards turn it into the launches it implies.",
+               "drains idle ones first); the guards turn it into the launches it implies. "
+               "With `rent_to`, rent only up to that many; the rest of `count` only from "
+               "undrained or started instances.",
                None, held_on_sensing_failure=_SCALING),
     Descriptor("destroy", OnInstance, "Destroy one instance now; tasks still running on it are "
                "lost (the guards drain a healthy one first).", "provider_call",
@@ -159,7 +164,7 @@ def validate(action: str, params: dict[str, Any]) -> dict[str, Any]:
             f"{'.'.join(str(p) for p in e['loc']) or 'params'}: {e['msg']}" for e in exc.errors()
         )
         raise ActionError(f"action {action!r}: {problems}") from exc
-    return model.model_dump(by_alias=True)
+    return model.model_dump(by_alias=True, exclude_none=True)  # an unset `rent_to` is absent
 
 
 def json_schema(action: str) -> dict[str, Any]:

@@ -24,7 +24,8 @@ FIELDS: dict[str, frozenset[str]] = {
         }
     ),
     "demand": frozenset({"id", "task", "pending", "running", "oldest_pending_s", "max_retries",
-                         "forecast_pending", "forecast_horizon_s", "forecast_instances"}),
+                         "forecast_pending", "forecast_horizon_s", "forecast_instances",
+                         "task_s", "backlog_slots"}),
     "fleet": frozenset(
         {
             "id", "instances", "active", "serving", "booting", "dead", "drained",
@@ -140,6 +141,18 @@ def fleet_fact(obs: Observation, hist: History, now: float) -> dict[str, Any]:
     }
 
 
+def _backlog(d: Any, task_s: float | None, f: Any) -> dict[str, Any]:
+    """`task_s`, once Curio has timed the fleet's runs, and `backlog_slots`: the task slots
+    that would finish the pending tasks within one boot time (the forecast's horizon), so
+    pending x min(1, task_s / horizon). Capacity rented now serves only after a boot: a
+    backlog that fewer slots clear within it gains nothing from more. Until the tasks are
+    timed (or without a horizon), one slot per pending task, as if every task outlasted a boot."""
+    if task_s is None or f is None or f.horizon_s <= 0:
+        return {"backlog_slots": float(d.pending)}
+    share = min(1.0, task_s / f.horizon_s)
+    return {"task_s": round(task_s, 3), "backlog_slots": round(d.pending * share, 3)}
+
+
 def build_facts(obs: Observation, hist: History, now: float) -> list[dict[str, Any]]:
     """All facts of one tick. Ids are unique within the tick; the engine adds `sid`."""
     facts: list[dict[str, Any]] = [fleet_fact(obs, hist, now)]
@@ -160,5 +173,6 @@ def build_facts(obs: Observation, hist: History, now: float) -> list[dict[str, A
         if f is not None:
             facts[-1].update(forecast_pending=round(f.pending, 3), forecast_horizon_s=f.horizon_s,
                              forecast_instances=f.count)  # fmt: skip
+        facts[-1].update(_backlog(d, hist.task_s.get(d.task), f))
     facts.extend(_instance_fact(i, hist, now) for i in obs.instances)
     return facts

@@ -130,9 +130,16 @@ def _launch(d: Decision, count: int, ctx: Context, b: _Budget, doubts: list[Doub
 def _scale_to(d: Decision, ctx: Context, b: _Budget, doubts: list[Doubt]) -> Decision:
     want = int(d.proposal.params["count"])
     active = int(ctx.fleet.get("active", 0)) + b.launched - b.started + b.returning
+    back = f" ({b.returning} undrained or started this tick)" if b.returning else ""
     if want <= active:
-        back = f" ({b.returning} undrained or started this tick)" if b.returning else ""
         return _noop(d, f"fleet has {active} active instance(s){back}, target {want}")
+    rent_to = d.proposal.params.get("rent_to")
+    if rent_to is not None and int(rent_to) < want:
+        cap = int(rent_to)
+        if cap <= active:
+            return _noop(d, f"fleet has {active} active instance(s){back}, target {want}, "
+                         f"rents up to {cap}: the rest from the warm pool only")  # fmt: skip
+        return _launch(d, cap - active, ctx, b, doubts)
     return _launch(d, want - active, ctx, b, doubts)
 
 

@@ -177,6 +177,9 @@ class History:
     retiring: frozenset[str] = frozenset()  # old instances waiting for their replacement
     pending_launches: int = 0  # launched, not yet in the listing: capacity on its way
     forecasts: dict[str, Any] = field(default_factory=dict)  # task -> core.forecast.Forecast
+    # task (and `all`) -> mean seconds a run took on the fleet's own nodes, as Curio last
+    # timed them (empty until it has)
+    task_s: dict[str, float] = field(default_factory=dict)
 
     def count(self, instance_id: str, kind: str, since: float) -> int:
         events = self._by_instance.get(instance_id)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
@@ -412,6 +412,27 @@ def node_rates(weights: dict[str, float], timings: list[TaskTiming]) -> dict[str
         for host, (n, weighted, busy) in sorted(work.items())
         if busy > 0
     }
+
+
+def task_seconds(weights: dict[str, float], timings: Iterable[TaskTiming],
+                 hosts: Collection[str]) -> dict[str, float]:  # fmt: skip
+    """Task name -> the mean seconds one of its runs took on the nodes `hosts`, and `all` ->
+    the mean seconds of work per weighted task (as demand weighs them), over the timed runs.
+    Names not in `weights` and nodes not in `hosts` are left out; a name nobody ran is absent."""
+    runs: dict[str, list[float]] = {}  # name -> [runs, seconds]
+    for t in timings:
+        if t.task not in weights or t.host_and_port not in hosts or t.tasks <= 0:
+            continue
+        if not (math.isfinite(t.mean_s) and t.mean_s > 0):
+            continue
+        acc = runs.setdefault(t.task, [0.0, 0.0])
+        acc[0] += t.tasks
+        acc[1] += t.tasks * t.mean_s
+    out = {name: seconds / n for name, (n, seconds) in sorted(runs.items())}
+    weighted = sum(weights[name] * n for name, (n, _) in runs.items())
+    if weighted > 0:
+        out["all"] = sum(seconds for _, seconds in runs.values()) / weighted
+    return out
 
 
 _CEIL_EPSILON = 1e-6  # float noise in a weighted sum, far below any weight's share

@@ -26,7 +26,7 @@ from controller.core.gpu_rates import max_plausible
 from controller.core.model import Instance
 from controller.core.track import Measured
 from controller.fleet.base import SensorError
-from controller.fleet.curio import NodeRate, node_rates
+from controller.fleet.curio import NodeRate, node_rates, task_seconds
 from controller.store.records import LifecycleError
 
 log = logging.getLogger(__name__)
@@ -192,6 +192,9 @@ class RealFleet:
         self._last: dict[str, Instance] = {}
         self.learned: dict[str, tuple[str, str, str | None]] = {}  # label -> link to write
         self.measured: dict[str, Measured] = {}  # machine id -> as Curio last timed it
+        # task name (and `all`) -> mean seconds a run took on the fleet's own nodes, as last
+        # timed: how long the pending tasks will take
+        self.task_seconds: dict[str, float] = {}
         self._measured_at: float | None = None
 
     def list_instances(self) -> list[Instance]:
@@ -231,6 +234,9 @@ class RealFleet:
             return
         self._measured_at = now
         self.measured = measure(own, links, node_rates(settings.tasks, timings), now)
+        nodes = {link.node.host_and_port for i in own
+                 if (link := links.get(i.id)) is not None and link.node is not None}  # fmt: skip
+        self.task_seconds = task_seconds(settings.tasks, timings, nodes)
 
     def _overdue(self, fleet: list[Instance], links: Mapping[str, Link]) -> list[Instance]:
         """Each instance's oldest agent command past its deadline, as `command_overdue_s`."""

@@ -79,6 +79,8 @@ def _fact(raw: dict[str, Any], n: int) -> dict[str, Any]:
     fact = {"kind": kind, **DEFAULTS.get(kind, {}), **raw}
     if kind == "demand":
         fact.setdefault("id", f"demand:{fact['task']}")
+        # as sensed before Curio has timed a task: one slot per pending task
+        fact.setdefault("backlog_slots", float(fact["pending"]))
     elif kind in ("fleet",):
         fact.setdefault("id", "fleet")
     elif kind == "sensor":

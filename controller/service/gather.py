@@ -82,7 +82,8 @@ def gather(journal: Journal, provider: Sensed, demand: DemandSensor, now: float,
     sensed = sense(provider, demand, now, hist.instances, destroyed)
     # rates Curio measured: data for the plan (journaled as `measured` events by `advance`)
     learned: dict[str, Any] = {"measured": measured,
-                               "measured_now": dict(getattr(provider, "measured", {}))}  # fmt: skip
+                               "measured_now": dict(getattr(provider, "measured", {})),
+                               "task_s": dict(getattr(provider, "task_seconds", {}))}  # fmt: skip
     obs = check_listing(sensed, hist.instances, [*destroyed, *sensed.confirmed_gone])
     if obs.sensor_ok("demand"):
         current = {d.task: float(d.pending + d.running) for d in obs.demand}
