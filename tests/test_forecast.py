@@ -16,8 +16,8 @@ import pytest
 from controller.core import forecast as fc
 from controller.core.decide import resolve
 from controller.core.facts import build_facts
-from controller.core.model import Demand, Observation, Proposal
-from controller.core.track import History, Track
+from controller.core.model import Demand, Instance, Observation, Proposal
+from controller.core.track import History, Track, advance
 from controller.service.assemble import assemble
 from controller.service.cli import main
 from controller.service.config import load_config
@@ -142,8 +142,11 @@ def test_the_backlog_is_the_slots_that_finish_it_within_a_boot() -> None:
     assert demand(History(task_s={"all": 90.0}))["all"]["backlog_slots"] == 300.0
 
 
-def _track(id: str, first_seen: float, stage: str, stage_since: float) -> Track:
-    return Track(id, "m", first_seen, stage, stage_since, "running", first_seen, "up", first_seen)
+def _track(id: str, first_seen: float, stage: str, stage_since: float,
+           served_at: float | None = None) -> Track:  # fmt: skip
+    served = stage_since if stage == "running" and served_at is None else served_at
+    return Track(id, "m", first_seen, stage, stage_since, "running", first_seen, "up", first_seen,
+                 served_at=served)  # fmt: skip
 
 
 def test_the_horizon_is_the_median_boot_of_recent_launches_else_the_default() -> None:
@@ -154,6 +157,22 @@ def test_the_horizon_is_the_median_boot_of_recent_launches_else_the_default() ->
     assert sorted(samples) == [0.0, 1500.0, 1800.0, 2000.0]
     assert fc.boot_horizon(samples, 999.0) == 1800.0
     assert fc.boot_horizon([1500.0, 0.0], 999.0) == 999.0  # too few boots measured
+
+
+def test_a_start_after_hours_parked_is_no_boot_of_hours() -> None:
+    # f booted in 1,700 s, was parked, and serves again since a start at 30,000: its boot
+    # stays 1,700 s (its present stage began at 30,000)
+    parked = _track("f", 500.0, "running", 30_000.0, served_at=2200.0)
+    assert fc.boot_samples([parked]) == [1700.0]
+    # and so the track remembers it: first serving, not the latest return to running
+    mk = lambda stage, now: Instance("f", "fg-f", "m", "h", "running", stage, "up", "up")  # noqa: E731
+    tracks: dict[str, Track] = {}
+    for stage, now in [("loading", 500.0), ("running", 2200.0), ("loading", 29_000.0),
+                       ("running", 30_000.0)]:  # fmt: skip
+        obs = Observation(now, (mk(stage, now),), (), ())
+        tracks, _ = advance(History(instances=tracks), obs, now)
+    assert tracks["f"].served_at == 2200.0 and tracks["f"].stage_since == 30_000.0
+    assert fc.boot_samples(tracks.values()) == [1700.0]
 
 
 def test_the_forecast_error_scores_against_the_demand_one_horizon_later() -> None:

@@ -77,10 +77,12 @@ def boot_horizon(samples: Iterable[float], default: float = DEFAULT_BOOT_S) -> f
 
 
 def boot_samples(tracks: Iterable[Any]) -> list[float]:
-    """First seen to serving, of the `BOOT_SAMPLES` most recently seen instances that serve
-    (tracks with `first_seen`, `stage` and `stage_since`; one seen serving has none)."""
-    serving = sorted((t for t in tracks if t.stage == "running"), key=lambda t: -t.first_seen)
-    return [t.stage_since - t.first_seen for t in serving[:BOOT_SAMPLES]]
+    """First seen to first serving, of the `BOOT_SAMPLES` most recently seen instances that
+    served (tracks with `first_seen` and `served_at`; one first seen serving has none). Not to
+    its present stage: one started after hours parked, or back from a reboot, did not take
+    those hours to boot."""
+    served = sorted((t for t in tracks if t.served_at is not None), key=lambda t: -t.first_seen)
+    return [t.served_at - t.first_seen for t in served[:BOOT_SAMPLES]]
 
 
 def spans(now: float, horizon_s: float) -> list[tuple[float, float]]:

@@ -46,6 +46,9 @@ class Track(NamedTuple):
     # it sent since then at `start_asked`; both end once it runs again after the start
     parked_since: float | None = None
     start_asked: float | None = None
+    # when it first reached stage running (first seen so: then); a later return to running
+    # (after a start, a reboot) is not a boot
+    served_at: float | None = None
     uptime: float | None = None  # last: changes every tick, so `t[:-1]` is all that matters
 
 
@@ -234,7 +237,7 @@ def _first(inst: Instance, now: float) -> tuple[Track, list[Event]]:
         id=inst.id, machine_id=inst.machine_id, first_seen=now, stage=inst.stage,
         stage_since=now, status=inst.status, status_since=now, daemon=inst.daemon,
         daemon_since=now, idle_since=idle, uptime=inst.daemon_uptime_s, bench_rate=inst.bench_rate,
-        ever_up=inst.daemon == "up",
+        ever_up=inst.daemon == "up", served_at=now if inst.stage == "running" else None,
     )  # fmt: skip
     events = [Event(inst.id, now, "seen", {"stage": inst.stage, "status": inst.status})]
     if inst.bench_rate is not None:
@@ -268,9 +271,13 @@ def _step(old: Track, inst: Instance, now: float) -> tuple[Track, list[Event]]:
         idle_since = now if old.idle_since is None else old.idle_since
     if inst.bench_rate is not None and inst.bench_rate != old.bench_rate:
         events.append(Event(inst.id, now, "bench", _bench(inst)))
+    served = old.served_at
+    if served is None and inst.stage == "running":
+        served = now
     track = Track(old.id, old.machine_id, old.first_seen, inst.stage, stage_since, inst.status,
                   status_since, inst.daemon, daemon_since, idle_since, inst.bench_rate,
-                  old.ever_up or inst.daemon == "up", uptime=inst.daemon_uptime_s)  # fmt: skip
+                  old.ever_up or inst.daemon == "up", served_at=served,
+                  uptime=inst.daemon_uptime_s)  # fmt: skip
     return track, events
 
 
