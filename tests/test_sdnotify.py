@@ -141,6 +141,12 @@ def test_the_abstract_namespace_and_the_watchdog_interval() -> None:
         assert sock.recv(4096) == b"READY=1\nSTATUS=leading as me"
         assert notify.ready("standing by")  # only the status, once ready
         assert sock.recv(4096) == b"STATUS=standing by"
+        # STOPPING=1 is the last word, whichever thread speaks after it
+        assert notify.stopping("bye") and sock.recv(4096) == b"STOPPING=1\nSTATUS=bye"
+        assert not notify.watchdog() and not notify.ready("again") and not notify.stopping()
+        sock.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            sock.recv(4096)
     other_pid = {"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": str(os.getpid() + 1)}
     assert Notifier.from_env(other_pid).watchdog_s is None  # meant for another process
 

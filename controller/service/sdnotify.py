@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 from collections.abc import Mapping
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,10 @@ class Notifier:
         self.watchdog_s = watchdog_s
         self._failed = False
         self.ready_sent = False
+        # after STOPPING=1 nothing more is sent: the tick, the standby loop and the shutdown
+        # are different threads, and a WATCHDOG=1 after it would tell systemd we are alive
+        self._lock = threading.Lock()
+        self._stopping = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Notifier:
@@ -61,17 +66,28 @@ class Notifier:
         return True
 
     def ready(self, status: str) -> bool:
-        """`READY=1` (the first call only; later ones update the status)."""
-        if self.ready_sent:
-            return self.send(f"STATUS={status}")
-        self.ready_sent = self.send("READY=1", f"STATUS={status}")
-        return self.ready_sent
+        """`READY=1` (the first call only; later ones update the status); nothing once
+        stopping."""
+        with self._lock:
+            if self._stopping:
+                return False
+            if self.ready_sent:
+                return self.send(f"STATUS={status}")
+            self.ready_sent = self.send("READY=1", f"STATUS={status}")
+            return self.ready_sent
 
     def watchdog(self) -> bool:
-        return self.send("WATCHDOG=1")
+        """`WATCHDOG=1`, unless stopping."""
+        with self._lock:
+            return not self._stopping and self.send("WATCHDOG=1")
 
     def stopping(self, status: str = "stopping") -> bool:
-        return self.send("STOPPING=1", f"STATUS={status}")
+        """`STOPPING=1`, once: the last message this notifier sends."""
+        with self._lock:
+            if self._stopping:
+                return False
+            self._stopping = True
+            return self.send("STOPPING=1", f"STATUS={status}")
 
     def _fail(self, message: str) -> None:
         if not self._failed:
