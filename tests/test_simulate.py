@@ -261,6 +261,7 @@ def test_simulate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     png = (out / "simulate.png").read_bytes()
     assert png.startswith(PNG) and len(png) > 10_000
     assert "policy" in printed and "x oracle" in printed and "goals:" in printed
+    assert "the oracles change the fleet only at ticks, as fleetgate does (60 s)" in printed
     for name in ("fleetgate", "static (", "proportional ", "proportional, sim", "oracle ",
                  "oracle, stop/start"):  # fmt: skip
         assert f"\n{name}" in printed

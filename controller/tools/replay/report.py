@@ -87,6 +87,9 @@ def render(doc: dict[str, Any]) -> str:
     head = (f"{doc['tasks']} tasks over {doc['days']:.2f} days ({doc['ticks']} ticks of "
             f"{doc['seconds_per_tick']:g} s); deadline {deadline:g} s; baselines at "
             f"${doc['baseline_params']['dph']:.4f}/instance-hour")  # fmt: skip
+    tick = doc["baseline_params"].get("tick_s")
+    if tick:
+        head += f"; the oracles change the fleet only at ticks, as fleetgate does ({tick:g} s)"
     lines = [head, "", f"{'policy':<20}{'cost $':>11}{'GPU-h':>10}{'wait p50':>10}{'p95':>9}"
              f"{'max':>9}{'misses':>8}{'x oracle':>10}"]  # fmt: skip
     for name in (n for n in POLICIES if n in doc["policies"]):
