@@ -7,6 +7,7 @@ not pay. Costs are worked out by hand in the comments.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
@@ -55,12 +56,19 @@ def test_without_a_start_time_the_warm_oracle_is_the_oracle() -> None:
     assert warm.instance_s == plain.instance_s and warm.instances_started == 2
 
 
-def test_the_warm_oracle_is_never_dearer_and_waits_the_same() -> None:
-    rng = random.Random(11)
-    for _ in range(30):
+def random_cases(seed: int, n: int = 30) -> Iterator[tuple[random.Random, list[TraceTask],
+                                                             BaselineParams]]:  # fmt: skip
+    """`n` random traces of 1 to 40 tasks, each with random slots and cap, and the generator
+    (for a case's further draws)."""
+    rng = random.Random(seed)
+    for _ in range(n):
         trace = sorted((TraceTask(rng.uniform(0, 8000), rng.uniform(10, 900))
                         for _ in range(rng.randint(1, 40))), key=lambda t: t.arrival_s)  # fmt: skip
-        p = params(slots=rng.choice([1, 2]), max_instances=rng.choice([None, 3]))
+        yield rng, trace, params(slots=rng.choice([1, 2]), max_instances=rng.choice([None, 3]))
+
+
+def test_the_warm_oracle_is_never_dearer_and_waits_the_same() -> None:
+    for _, trace, p in random_cases(11):
         cold, warm = baselines.oracle(trace, p), baselines.oracle(trace, p, warm=True)
         assert warm.instance_s <= cold.instance_s + 1e-9
         assert warm.waits == cold.waits and warm.peak_instances == cold.peak_instances
@@ -97,11 +105,7 @@ def test_a_gap_too_short_for_a_stop_and_a_start_idles() -> None:
 
 
 def test_the_ticked_oracles_are_never_cheaper_than_at_any_moment_and_only_by_rounding() -> None:
-    rng = random.Random(5)
-    for _ in range(30):
-        trace = sorted((TraceTask(rng.uniform(0, 8000), rng.uniform(10, 900))
-                        for _ in range(rng.randint(1, 40))), key=lambda t: t.arrival_s)  # fmt: skip
-        p = params(slots=rng.choice([1, 2]), max_instances=rng.choice([None, 3]))
+    for rng, trace, p in random_cases(5):
         tick = rng.choice([1.0, 60.0])
         for warm in (False, True):
             free = baselines.oracle(trace, p, warm=warm)
