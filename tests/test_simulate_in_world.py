@@ -66,7 +66,8 @@ def test_it_launches_for_the_queue_and_gives_back_after_the_cooldown(tmp_path: P
     assert out.notes["actions"] == {"launch": 1, "destroy_idle": 1}
     hours = out.notes["instance_hours_by_state"]
     assert hours["booting"] == pytest.approx(600 / 3600, abs=1e-2)  # polls 120..660 s
-    assert hours["busy"] == pytest.approx(1200 / 3600, abs=1e-2)
+    assert hours["part_busy"] == pytest.approx(1200 / 3600, abs=1e-2)  # one task of 2 slots
+    assert "busy" not in hours and "parked" not in hours
     assert sim.world.live_instances() == []
 
 
@@ -75,6 +76,9 @@ def test_two_tasks_share_one_instance_and_a_third_gets_another(tmp_path: Path) -
     out = proportional_in_world(world(tmp_path, three), params(3600.0), polls(3600.0))
     assert out.instances_started == 2  # ceil(3 / 2)
     assert sorted(out.waits) == [640.0, 650.0, 660.0]  # all start when both serve at 660
+    hours = out.notes["instance_hours_by_state"]  # one holds two tasks, the other one
+    assert hours["busy"] == pytest.approx(hours["part_busy"], abs=2 / 60)
+    assert hours["busy"] == pytest.approx(900 / 3600, abs=2 / 60)
 
 
 def test_a_lost_instance_is_destroyed_and_replaced(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from controller.fleet.vast import VastProvider, VastSettings
 from controller.fleet.vast_client import VastClient
 from controller.sim import SimConfig, Simulation
 from controller.store.journal import Journal
+from controller.tools.replay.run import fleet_states
 from tests.fakes.vast_server import FakeVast
 
 NOW = 200_000.0
@@ -46,6 +47,14 @@ def booted(s: Simulation) -> str:
 
 
 # ---- the simulator ---------------------------------------------------------------------
+
+
+def test_a_stopped_instance_counts_as_parked_in_the_report_hours() -> None:
+    s = sim()
+    iid = booted(s)
+    assert fleet_states(s) == {"idle": 1}
+    s.world.set_state(iid, "stopped", s.now())
+    assert fleet_states(s) == {"parked": 1}  # storage only: not a drained or idle machine
 
 
 def test_a_stopped_instance_bills_its_storage_only() -> None:

@@ -153,16 +153,20 @@ def _tick(app: App, sim: Simulation, spec: RunSpec) -> _Trail:
 
 
 def fleet_states(sim: Simulation) -> Counter[str]:
-    """Live instances by what they do: booting, busy, idle, drained (serving) or lost."""
+    """Live instances by what they do: booting, busy (every slot), part_busy (some), idle,
+    drained (serving), parked (stopped, billing storage) or lost."""
     owned = sim.world.queue.owned_counts()
+    slots = sim.world.config.slots_per_instance
     states: Counter[str] = Counter()
     for inst in sim.world.live_instances():
         if inst.status in LOST or inst.status == "rebooting":
             states["lost_or_rebooting"] += 1
+        elif inst.status == "stopped":
+            states["parked"] += 1
         elif inst.stage != "running":
             states["booting"] += 1
         elif owned[inst.id]:
-            states["busy"] += 1
+            states["busy" if owned[inst.id] >= slots else "part_busy"] += 1
         else:
             states["drained_idle" if inst.drained else "idle"] += 1
     return states
