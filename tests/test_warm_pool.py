@@ -309,6 +309,27 @@ def test_the_journaled_stop_is_what_parks_it(tmp_path: Path) -> None:
     assert (f["a"]["parked"], f["a"]["parked_for_s"]) == (True, 50.0)
 
 
+def test_starts_in_the_last_hour_are_what_the_journal_started(tmp_path: Path) -> None:
+    """`fleet.starts_1h`: parked instances the journal shows started (act, not failed) in the
+    last hour; an older start, a failed one and another action do not count."""
+    journal = Journal(tmp_path / "j.db")
+    for n, (iid, at, action, status) in enumerate([
+        ("a", NOW - 600, "start", "ok"), ("b", NOW - 3000, "start", "intent"),
+        ("c", NOW - 4000, "start", "ok"), ("d", NOW - 60, "start", "failed"),
+        ("e", NOW - 60, "stop", "ok"),
+    ]):  # fmt: skip
+        row = journal.actions.record(
+            tick_id=n + 1, now=at, action=action, target=f"instance:{iid}",
+            params={"instance": iid}, proposer="rule:x", reason="r", confidence=0.9,
+            verdict="act", why="w", status="intent",
+        )  # fmt: skip
+        if status != "intent":
+            journal.actions.finish(row, at, status, {})
+    _, f = facts_at(journal.fleet.history(NOW), NOW, inst("a", "running"))
+    journal.close()
+    assert f["fleet"]["starts_1h"] == 2  # a and b
+
+
 # ---- a parked instance started instead of a new rental ----------------------------------
 
 

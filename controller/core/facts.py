@@ -30,7 +30,7 @@ FIELDS: dict[str, frozenset[str]] = {
         {
             "id", "instances", "active", "serving", "booting", "dead", "drained",
             "pending_launches", "parked",
-            "spend_per_h", "launches_1h", "pending", "running_tasks",
+            "spend_per_h", "launches_1h", "starts_1h", "pending", "running_tasks",
         }
     ),
     "sensor": frozenset({"id", "name", "state", "detail"}),
@@ -119,6 +119,9 @@ def fleet_fact(obs: Observation, hist: History, now: float) -> dict[str, Any]:
                  and i.id not in parked
                  and (i.id in starting or not (i.drained and i.stage == "running")))  # fmt: skip
     total = next((d for d in obs.demand if d.task == "all"), None)
+    # parked instances the fleet started in the last hour: the warm pool served demand
+    starts = sum(1 for key, at in hist.last_acted.items()
+                 if key.startswith("start:") and at >= now - 3600)  # fmt: skip
     return {
         "kind": "fleet",
         "id": "fleet",
@@ -134,6 +137,7 @@ def fleet_fact(obs: Observation, hist: History, now: float) -> dict[str, Any]:
         "drained": sum(1 for i in inst if i.drained),
         "spend_per_h": round(sum(i.dph for i in inst), 4),
         "launches_1h": hist.launches_since(now - 3600),
+        "starts_1h": starts,
         "pending": total.pending if total else 0,
         # tasks on the fleet's own nodes: Curio's other nodes (the operator's own) may run
         # proving tasks too, and those are not this fleet's capacity in use

@@ -58,7 +58,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "task": "all", "pending": 0, "running": 0, "oldest_pending_s": 0.0, "max_retries": 0,
     },
     "fleet": {"instances": 1, "active": 1, "serving": 1, "booting": 0, "dead": 0, "drained": 0,
-              "spend_per_h": 0.5, "launches_1h": 0, "pending": 0, "running_tasks": 0},
+              "spend_per_h": 0.5, "launches_1h": 0, "starts_1h": 0, "pending": 0,
+              "running_tasks": 0},
     "sensor": {"name": "provider", "state": "ok", "detail": ""},
 }  # fmt: skip
 
