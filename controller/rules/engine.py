@@ -12,6 +12,11 @@ a registered ruleset. This adapter makes it a pure-looking function `match(facts
   state survives between ticks;
 - every batch carries a marker fact that a no-op rule fires on: durable_rules segfaults in
   `delete_state` for a session in which no action ever ran;
+- a fact given twice, field for field, is asserted once, and two other facts with one id are
+  refused before the engine sees them: durable_rules knows a fact by its id and rejects a
+  batch that repeats one (MessageObservedException), and deleting the session of a rejected
+  batch corrupts its memory (the process segfaults or aborts a call or two later); a rejected
+  batch's session is left as it is (a few facts, kept until the process ends);
 - callbacks only record (rule key, {alias: fact id}); they cannot raise;
 - a fact is asserted with only the fields the rulebook names (`Rulebook.fields_used`), its
   kind and id: the engine parses every field it is given, and the rest of a fact is read from
@@ -116,6 +121,8 @@ class Engine:
             key: str | None = _KEYS.encode(slim)
         except (TypeError, ValueError):
             key = None  # not JSON: the engine says so below
+        else:
+            slim = _once(slim)
         if reuse and key is not None and self._last is not None and self._last[0] == key:
             return list(self._last[1])
         sid = f"{self._name}.{next(self._sids)}"
@@ -136,6 +143,7 @@ class Engine:
                 started = False  # deleting a session that never ran corrupts the engine
                 raise EngineError(f"a fact is not JSON, nothing was asserted: {exc}") from exc
             except (_dr.MessageNotHandledException, _dr.MessageObservedException) as exc:
+                started = False  # deleting a rejected batch's session corrupts the engine
                 raise EngineError(
                     f"durable_rules rejected the batch: {type(exc).__name__}"
                 ) from exc
@@ -146,3 +154,25 @@ class Engine:
             fired = [m for m in self._fired if m.key not in (SINK, TICK)]
             self._fired.clear()
         return fired
+
+
+def _once(facts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`facts` without the repeats of a fact given before, field for field (JSON facts).
+    durable_rules knows a fact by its id: two other facts with one id are refused here,
+    before a session exists (EngineError naming the id)."""
+    if len({str(f.get("id")) for f in facts}) == len(facts):
+        return facts  # the usual batch: ids are unique within a tick
+    seen: set[str] = set()
+    ids: set[str] = set()
+    kept: list[dict[str, Any]] = []
+    for f in facts:
+        key = _KEYS.encode(f)
+        if key in seen:
+            continue
+        fid = str(f.get("id"))
+        if fid in ids:
+            raise EngineError(f"two different facts have the id {fid!r}; nothing was asserted")
+        seen.add(key)
+        ids.add(fid)
+        kept.append(f)
+    return kept
