@@ -169,6 +169,26 @@ def test_a_fact_given_twice_is_asserted_once() -> None:
     assert e.match(once, 4.0, reuse=False) == twice  # and the engine still works
 
 
+@pytest.mark.parametrize(
+    ("value", "below_3"),
+    [(5e-05, True), (-5e-05, True), (1e-5, True), (5e-324, True), (1e16, False),
+     (-1e16, True), (1e300, False), (float("inf"), False), (float("-inf"), True)],
+)  # fmt: skip
+def test_a_float_written_with_a_bare_exponent_does_not_blind_the_batch(
+    value: float, below_3: bool
+) -> None:
+    # durable_rules reads `5e-05` or `1e+16` (an exponent, no decimal point) as nothing and
+    # dropped the whole batch: no rule fired on any fact. The other facts still match, and
+    # the value compares as itself.
+    e = engine_of(RULES)
+    down = fact("instance", "i1", daemon="down", restarts_1h=value)
+    fired = {m.rule for m in e.match([down, fact("demand", pending=3), fact("fleet", active=1)],
+                                     1.0)}  # fmt: skip
+    assert "grow" in fired
+    assert ("restart" in fired) is below_3
+    assert down["restarts_1h"] == value  # the caller's fact is left as it was
+
+
 def test_a_rejected_batch_leaves_the_engine_working() -> None:
     # Deleting the session of a batch durable_rules rejected corrupted its memory: the next
     # call or two segfaulted or aborted (the flaky crash of a whole test run). The adapter

@@ -29,6 +29,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
+import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -104,9 +106,9 @@ class Engine:
         """The fields of `fact` the rules read (all when asserted whole), without the ones
         the session stamps (`sid`, `t`)."""
         if self._keep is None:
-            return {k: v for k, v in fact.items() if k not in _STAMPS}
+            return {k: _number(v) for k, v in fact.items() if k not in _STAMPS}
         keep = self._keep.get(str(fact.get("kind")), _KIND_ID)
-        return {k: fact[k] for k in keep if k in fact and k not in _STAMPS}
+        return {k: _number(fact[k]) for k in keep if k in fact and k not in _STAMPS}
 
     def match(self, facts: Sequence[dict[str, Any]], stamp: float, *,
               reuse: bool = True) -> list[Match]:  # fmt: skip
@@ -154,6 +156,29 @@ class Engine:
             fired = [m for m in self._fired if m.key not in (SINK, TICK)]
             self._fired.clear()
         return fired
+
+
+def _number(value: Any) -> Any:
+    """`value`, or for a float the engine's JSON parser misreads, the nearest one it reads.
+
+    Python writes a float below 1e-4 or from 1e16 up as `5e-05` or `1e+16`; durable_rules
+    reads a number with an exponent but no decimal point as nothing, and drops the whole
+    batch without a word (no rule fires on any fact; a down_for_s of 5e-05 after a float
+    subtraction would blind every rule for the tick). Such a float is asserted as the next
+    float away from zero (one unit in the last place, written `5.000000000000001e-05`), and
+    an infinity as the largest finite float (`Infinity` is dropped alike); NaN is read as it
+    is (no comparison holds). Other values are returned as they are."""
+    if type(value) is not float or value != value:
+        return value
+    size = abs(value)
+    if 1e-4 <= size < 1e16 or size == 0.0:
+        return value  # written without an exponent
+    if size == math.inf:
+        return math.copysign(sys.float_info.max, value)
+    away = math.copysign(math.inf, value)
+    while "." not in repr(value):  # one step, or a few for the smallest subnormals
+        value = math.nextafter(value, away)
+    return value
 
 
 def _once(facts: list[dict[str, Any]]) -> list[dict[str, Any]]:
