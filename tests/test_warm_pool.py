@@ -233,6 +233,28 @@ def test_only_the_starts_scale_to_wants_are_made() -> None:
     assert (a.verdict, b.verdict) == ("act", "noop")
 
 
+def test_the_starts_go_to_the_fastest_parked_instances() -> None:
+    """Two starts wanted, three parked: the two whose hosts prove fastest start, whatever the
+    rules' order; the host's journaled rate wins over the instance's benchmark, and a host
+    that was blocked (rate 0) starts last."""
+    facts = [fact("fleet", instances=5, active=2, parked=3),
+             parked_fact("p1", machine_id="m1", bench_rate=30.0),
+             parked_fact("p2", machine_id="m2", bench_rate=55.0),
+             parked_fact("p3", machine_id="m3", bench_rate=40.0)]  # fmt: skip
+    starts = [act("start", instance=i) for i in ("p1", "p2", "p3")]
+    _, a, b, c = check(act("scale_to", count=4), *starts, facts=facts)
+    assert [d.verdict for d in (a, b, c)] == ["noop", "act", "act"]
+    assert "faster parked instances start first" in a.why
+    by_id = {str(f["id"]): f for f in facts}
+    hist = History(host_rates={"m1": 50.0, "m2": 55.0, "m3": 40.0}, host_failures={"m2": 1})
+    out, _ = guards.check([act("scale_to", count=4), *starts],
+                          guards.Context(by_id, hist, Guards(), NOW))  # fmt: skip
+    assert [d.verdict for d in out[1:]] == ["act", "noop", "act"]  # m2 was blocked: last
+    # room for all three: no ranking, every start is made
+    out = check(act("scale_to", count=5), *starts, facts=facts)
+    assert [d.verdict for d in out[1:]] == ["act", "act", "act"]
+
+
 def test_rent_to_rents_only_that_far_and_leaves_the_rest_of_count_to_the_warm_pool() -> None:
     facts = [fact("fleet", instances=4, active=2, parked=2), parked_fact("p1"),
              parked_fact("p2")]  # fmt: skip

@@ -43,6 +43,8 @@ class _Budget:
     """Instances this tick's plan stops (parks)."""
     starts_wanted: int | None = None
     """Starts the plan's `scale_to` leaves room for (None: the plan has no `scale_to`)."""
+    start_first: frozenset[str] | None = None
+    """The parked instances those starts go to: the fastest (None: any)."""
 
 
 @dataclass(frozen=True)
@@ -292,6 +294,9 @@ def _start(d: Decision, inst: dict[str, Any], ctx: Context, b: _Budget,
     if b.starts_wanted is not None and b.started >= b.starts_wanted:
         return _noop(d, f"the plan's scale_to needs no more instances ({b.started} started, "
                      "the rest undrained or active)")  # fmt: skip
+    if b.start_first is not None and str(inst.get("id")) not in b.start_first:
+        return _noop(d, f"the plan's scale_to needs {b.starts_wanted} start(s): faster parked "
+                     "instances start first")  # fmt: skip
     waiting = _cooldown(d, ctx)
     if waiting is not None:
         return waiting
@@ -311,10 +316,14 @@ def _not_undrainable(inst: dict[str, Any]) -> str:
     return ""
 
 
-def _returning(decisions: Sequence[Decision], ctx: Context) -> tuple[int, int | None]:
+def _returning(
+    decisions: Sequence[Decision], ctx: Context
+) -> tuple[int, int | None, frozenset[str] | None]:
     """Drained instances the plan undrains and parked ones it starts (counted before
     `scale_to`, whatever the order): capacity coming back that a scale-up would otherwise
-    rent again; and how many starts the plan's largest `scale_to` wants (None: none)."""
+    rent again; how many starts the plan's largest `scale_to` wants (None: none); and which
+    parked instances get them: the fastest by their host's rate (measured by Curio where it
+    timed enough tasks, else benchmarked), so a slow one stays parked until it ages out."""
     wanted = {str(d.proposal.params.get("instance")) for d in decisions
               if d.verdict == "act" and d.proposal.action == "undrain"}  # fmt: skip
     started = {str(d.proposal.params.get("instance")) for d in decisions
@@ -322,14 +331,22 @@ def _returning(decisions: Sequence[Decision], ctx: Context) -> tuple[int, int | 
     facts = ctx.facts
     back = sum(1 for i in wanted if i in facts and facts[i].get("kind") == "instance"
                and not _not_undrainable(facts[i]))  # fmt: skip
-    starts = sum(1 for i in started if i in facts and facts[i].get("kind") == "instance"
-                 and facts[i].get("parked") and "starting_for_s" not in facts[i])  # fmt: skip
+    startable = sorted(i for i in started if i in facts and facts[i].get("kind") == "instance"
+                       and facts[i].get("parked") and "starting_for_s" not in facts[i])  # fmt: skip
     targets = [int(d.proposal.params["count"]) for d in decisions
                if d.verdict == "act" and d.proposal.action == "scale_to"]  # fmt: skip
     if not targets:
-        return back + starts, None
+        return back + len(startable), None, None
     room = max(0, max(targets) - int(ctx.fleet.get("active", 0)) - back)
-    return back + min(starts, room), room
+    rates = ctx.hist.launch_rates() if len(startable) > room else {}
+    fastest = sorted(startable, key=lambda i: -_rate_of(facts[i], rates))[:room]
+    return back + len(fastest), room, frozenset(fastest)
+
+
+def _rate_of(inst: dict[str, Any], rates: dict[str, float]) -> float:
+    """What `inst`'s host proves per hour: as offers are ranked, else its benchmark."""
+    rate = rates.get(str(inst.get("machine_id")))
+    return float(inst.get("bench_rate") or 0.0) if rate is None else rate
 
 
 def check(decisions: Sequence[Decision], ctx: Context) -> tuple[list[Decision], list[Doubt]]:
@@ -340,14 +357,16 @@ def check(decisions: Sequence[Decision], ctx: Context) -> tuple[list[Decision], 
     (paused, sensing, a cooldown) leaves the question to people."""
     out: list[Decision] = []
     doubts: list[Doubt] = []
-    returning, starts_wanted = _returning(decisions, ctx)
-    b = _Budget(returning=returning, starts_wanted=starts_wanted)
+    returning, starts_wanted, start_first = _returning(decisions, ctx)
+    b = _Budget(returning=returning, starts_wanted=starts_wanted, start_first=start_first)
     for d in decisions:
         if d.verdict == "ask":
             probe = _one(
                 replace(d, verdict="act"),
                 ctx,
-                _Budget(returning=b.returning, starts_wanted=starts_wanted),
+                _Budget(
+                    returning=b.returning, starts_wanted=starts_wanted, start_first=start_first
+                ),
                 doubts,
             )
             moot = probe.verdict == "noop" or (probe.verdict == "veto" and probe.guard in _CAPS)
