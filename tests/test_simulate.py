@@ -224,7 +224,7 @@ def test_simulate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert doc["ticks"] == 360 and doc["horizon_s"] == 21600 and doc["seed"] == 3
     assert doc["deadline_s"] == 3600 and doc["trace"]["end_col"] == "deletion_time"
     assert set(doc["policies"]) == {"fleetgate", "static", "proportional", "proportional_sim",
-                                    "oracle", "oracle_warm"}  # fmt: skip
+                                    "oracle", "oracle_warm", "oracle_market"}  # fmt: skip
     for fig in doc["policies"].values():
         assert fig["cost_usd"] > 0 and fig["gpu_hours"] > 0
         assert fig["waits_s"]["count"] == len(arrived)
@@ -240,6 +240,11 @@ def test_simulate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert warm["tick_s"] == doc["policies"]["oracle"]["tick_s"] == 60.0
     assert doc["policies"]["fleetgate"]["ratio_to_oracle_warm"] >= (
         doc["policies"]["fleetgate"]["ratio_to_oracle"])  # fmt: skip
+    best = doc["policies"]["oracle_market"]  # on the world's own machines, at their true rates
+    assert 0 < best["machines_used"] <= best["machines_usable"] <= 30
+    assert best["peak_instances"] <= 30 and best["deadline_misses"] == 0
+    assert doc["policies"]["fleetgate"]["ratio_to_oracle_market"] == pytest.approx(
+        doc["policies"]["fleetgate"]["cost_usd"] / best["cost_usd"], abs=0.002)  # fmt: skip
     fg = doc["fleetgate"]
     assert fg["actions"]["launch"] >= 1 and fg["instance_launches"] >= fg["actions"]["launch"]
     assert fg["tasks_arrived"] == len(arrived) and fg["llm_calls"] == 0
@@ -252,6 +257,8 @@ def test_simulate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         "within_cost_goal",
         "cost_ratio_to_oracle_warm",
         "within_cost_goal_warm",
+        "cost_ratio_to_oracle_market",
+        "within_cost_goal_market",
         "below_proportional_cost",
         "below_proportional_sim_cost",
     }
@@ -263,9 +270,9 @@ def test_simulate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "policy" in printed and "x oracle" in printed and "goals:" in printed
     assert "the oracles change the fleet only at ticks, as fleetgate does (60 s)" in printed
     for name in ("fleetgate", "static (", "proportional ", "proportional, sim", "oracle ",
-                 "oracle, stop/start"):  # fmt: skip
+                 "oracle, stop/start", "oracle, market"):  # fmt: skip
         assert f"\n{name}" in printed
-    assert "against the oracle with stop/start: " in printed
+    assert "against the oracle with stop/start: " in printed and "; on the market: " in printed
 
     # the journal is fleetgate's own: the usual commands read it
     assert main(["--state", str(out / "state"), "actions", "--json"]) == 0

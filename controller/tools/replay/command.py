@@ -20,7 +20,7 @@ from typing import Any
 from controller.service.config import Config, load_config
 from controller.sim import SimConfig, Simulation, shapes
 from controller.sim.trace import RowFilter, TraceTask, load_trace, timezone_named
-from controller.tools.replay import baselines, in_world, report
+from controller.tools.replay import baselines, in_world, market, report
 from controller.tools.replay.results import BaselineParams, mean_boot_s
 from controller.tools.replay.run import (
     FleetgateRun,
@@ -124,6 +124,7 @@ def simulate(args: argparse.Namespace) -> int:
     params = _params(args, config, run, horizon, sample_ticks * step)
     world = Simulation(SimConfig.model_validate(
         trace_config(config, spec.state / "trace.csv").sim.world), seed)  # fmt: skip
+    best = _market(world, params)  # before the world's own proportional scaler rents in it
     outcomes = [
         run.outcome,
         baselines.static_peak(tasks, params),
@@ -131,6 +132,7 @@ def simulate(args: argparse.Namespace) -> int:
         in_world.proportional_in_world(world, params, ticks),
         baselines.oracle(tasks, params),
         baselines.oracle(tasks, params, warm=True),
+        market.market_oracle(tasks, params, best),
     ]
     meta = _meta(args, scales, tasks, ticks, seed, run)
     png = chart.draw(out / "simulate.png", outcomes, _title(args, meta))
@@ -210,6 +212,14 @@ def _params(
         # the simulated fleet changes only at ticks, and bills from them: so do the oracles
         tick_s=config.sim.seconds_per_tick,
     )  # fmt: skip
+
+
+def _market(sim: Simulation, params: BaselineParams) -> list[market.Level]:
+    """The market oracle's machines: the world's, less those foreign instances hold."""
+    world = sim.world
+    return market.levels(world.machines.values(), reference_rate=world.config.reference_rate,
+                         disk_gb=world.config.disk_gb, held=world.busy_machines(),
+                         cap=params.max_instances)  # fmt: skip
 
 
 def _meta(args: argparse.Namespace, scales: tuple[float, float], tasks: list[TraceTask],

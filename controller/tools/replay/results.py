@@ -15,6 +15,7 @@ BOOT_STAGES = ("boot_s", "pull_s", "register_s", "params_s", "bench_s")
 LABELS = {
     "proportional_sim": "proportional, sim",
     "oracle_warm": "oracle, stop/start",
+    "oracle_market": "oracle, market",
 }  # how a policy is named where people read it
 
 
