@@ -6,6 +6,7 @@ a free slot, in its service time over the machine's speed. Costs worked out by h
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -71,18 +72,34 @@ def test_tasks_go_to_the_lowest_free_level_and_wait_first_come_when_all_are_take
     assert out.censored == 1 and out.peak_instances == 1
 
 
-def test_on_identical_machines_it_is_never_below_the_oracle_and_faster_ones_cost_less() -> None:
+def test_a_task_moves_down_when_a_better_machine_frees_its_rest_at_that_speed() -> None:
+    fleet = [market.Level("fast", 2.0, 3.6, 0.36), market.Level("slow", 1.0, 3.6, 0.36)]
+    # the first takes fast 0-50 (100 s of work at twice the rate); the second, arriving at 10,
+    # slow from 10; at 50 it has 60 s of work left and moves to fast: done at 80
+    ran, waits = market.assign([TraceTask(0.0, 100.0), TraceTask(10.0, 100.0)], fleet,
+                               slots=1, horizon_s=1000.0)  # fmt: skip
+    assert waits == [0.0, 0.0]
+    assert ran[0] == [TraceTask(0.0, 50.0), TraceTask(50.0, 30.0)]
+    assert ran[1] == [TraceTask(10.0, 40.0)]
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+def test_on_identical_machines_it_is_the_oracle_with_stop_and_start(slots: int) -> None:
     rng = random.Random(5)
-    tasks = sorted((TraceTask(rng.uniform(0, 80_000), rng.uniform(20, 600)) for _ in range(400)),
+    tasks = sorted((TraceTask(rng.uniform(0, 80_000), rng.uniform(20, 3000)) for _ in range(600)),
                    key=lambda t: t.arrival_s)  # fmt: skip
-    p = params(horizon_s=86_400.0, slots=2, tick_s=60.0, sample_s=600.0, max_instances=30)
-    same = [market.Level(f"m{k}", 1.0, 3.6, 0.36) for k in range(30)]
-    bound = baselines.oracle(tasks, p, warm=True)  # perfect packing on identical instances
-    held = market.market_oracle(tasks, p, same)  # a first fit: a schedule one could run
-    assert held.cost_usd >= bound.cost_usd * (1 - 1e-9)
-    assert held.cost_usd <= bound.cost_usd * 1.5
-    assert max(held.waits) == 0.0 and held.peak_instances <= 30
-    quick = [market.Level(f"m{k}", 1.5, 3.6, 0.36) for k in range(30)]
+    p = params(horizon_s=86_400.0, slots=slots, tick_s=60.0, sample_s=600.0)
+    same = [market.Level(f"m{k}", 1.0, 3.6, 0.36) for k in range(60)]
+    stack = baselines.oracle(tasks, p, warm=True)
+    held = market.market_oracle(tasks, p, same)
+    assert held.cost_usd == pytest.approx(stack.cost_usd)
+    assert held.instances_started == stack.instances_started
+    assert held.peak_instances == stack.peak_instances and max(held.waits) == 0.0
+    # capped: the same first-come-first-served waits as the capped oracle
+    capped = replace(p, max_instances=3)
+    assert market.market_oracle(tasks, capped, same[:3]).waits == pytest.approx(
+        baselines.oracle(tasks, capped, warm=True).waits)  # fmt: skip
+    quick = [market.Level(f"m{k}", 1.5, 3.6, 0.36) for k in range(60)]
     assert market.market_oracle(tasks, p, quick).cost_usd < held.cost_usd
     # its spend series ends at its cost
     assert held.series[-1].spend_usd == pytest.approx(held.cost_usd, rel=0.02)

@@ -5,22 +5,25 @@ price (fleetgate's average), so on a market with fast hosts a policy can come in
 one knows what a perfect renter would: every machine's true rate and price. Its fleet is the
 market's machines that never crash-loop and that nobody else holds, best first by price per
 unit of work (dph x reference rate / true rate), at most `max_instances` of them ("levels").
-Knowing every arrival, it serves each task first come, first served on the lowest level with a
-free slot, in the task's service time scaled by that machine's speed (true rate / reference
-rate); when every slot is taken the task waits for the first to free. Each level then pays as
-one level of `baselines.oracle(warm=True)` at its own machine's price and storage: its busy
-ticks, and for each gap between two needs the least of idling, a new boot, and a stop and start.
-No faults, no benchmark noise, no start ever waits for the host's GPUs.
+Knowing every arrival, it starts each task on the lowest level with a free slot, or lets it
+wait first come, first served for the first slot to free; when a slot frees and nobody waits,
+the task on the highest level moves down into it for free, its remaining work at the new
+machine's speed (true rate / reference rate). The occupied slots are so always the lowest, as
+in `baselines.oracle`'s stack: on identical machines it is `oracle(warm=True)` exactly. Each
+level then pays as one level of that oracle at its own machine's price and storage: its busy
+ticks, and for each gap between two needs the least of idling, a new boot, and a stop and
+start. No faults, no benchmark noise, no start ever waits for the host's GPUs.
 
-It is the yardstick, not a proof of optimality: the assignment is a greedy first fit, and the
-best machines by price per unit of work are not the best for a level that mostly idles. Pure:
-machines, tasks and parameters in, an `Outcome` out.
+It is a yardstick, not a proof of a minimum: machines are ranked by price per unit of work
+alone, though a level that mostly idles or stays stopped would rather have the lowest price or
+storage. Pure: machines, tasks and parameters in, an `Outcome` out.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
@@ -56,23 +59,70 @@ def levels(
 def assign(
     tasks: Sequence[TraceTask], fleet: Sequence[Level], slots: int, horizon_s: float
 ) -> tuple[list[list[TraceTask]], list[float]]:
-    """Each task (by arrival) on the lowest level with a slot free at its arrival, else on the
-    slot that frees first: (the tasks each level runs, as run there; every task's wait, up to
-    the horizon for one that never starts)."""
-    free = [[-math.inf] * slots for _ in fleet]  # per level, when each slot frees (a heap)
+    """Run the tasks (by arrival) on the fleet: (what each level ran, as spans of its slots'
+    time; every task's wait, up to the horizon for one that never starts).
+
+    A task starts on the lowest level with a free slot, or waits first come, first served for
+    the first slot to free. When a slot frees and nobody waits, the task on the highest level
+    moves down into it, its remaining work at the new machine's speed: the occupied slots are
+    always the lowest, as in the other oracles' stack, and on identical machines the levels are
+    on exactly when theirs are."""
+    order = sorted(range(len(tasks)), key=lambda i: tasks[i].arrival_s)
+    held: list[list[int | None]] = [[None] * slots for _ in fleet]
+    where: dict[int, tuple[int, int, float, float]] = {}  # task -> level, slot, since, finish
     ran: list[list[TraceTask]] = [[] for _ in fleet]
-    waits = []
-    for task in sorted(tasks, key=lambda t: t.arrival_s):
-        k = next((k for k, f in enumerate(free) if f[0] <= task.arrival_s), None)
-        if k is None:
-            k = min(range(len(free)), key=lambda j: (free[j][0], j), default=None)
-        start = math.inf if k is None else max(task.arrival_s, free[k][0])
-        waits.append(min(start, horizon_s) - task.arrival_s)
-        if k is None or start >= horizon_s:
+    waits = [horizon_s - t.arrival_s for t in tasks]
+    ends: list[tuple[float, int]] = []  # (finish, task), stale once the task moved
+    waiting: deque[int] = deque()
+
+    def place(i: int, k: int, slot: int, t: float, work: float) -> None:
+        finish = t + work / fleet[k].speed
+        held[k][slot], where[i] = i, (k, slot, t, finish)
+        heapq.heappush(ends, (finish, i))
+
+    def leave(i: int, t: float) -> tuple[int, int, float]:
+        k, slot, since, finish = where.pop(i)
+        held[k][slot] = None
+        ran[k].append(TraceTask(since, t - since))
+        return k, slot, (finish - t) * fleet[k].speed  # reference work left
+
+    def free_slot() -> tuple[int, int] | None:
+        return next(((k, j) for k, row in enumerate(held) for j, i in enumerate(row)
+                     if i is None), None)  # fmt: skip
+
+    def top_task() -> int | None:
+        return next((i for row in reversed(held) for i in row if i is not None), None)
+
+    arrivals = iter(order)
+    nxt = next(arrivals, None)
+    while True:
+        while ends and (ends[0][1] not in where or where[ends[0][1]][3] != ends[0][0]):
+            heapq.heappop(ends)  # a task that moved: its old finish
+        done = ends[0][0] if ends else math.inf
+        come = tasks[nxt].arrival_s if nxt is not None else math.inf
+        t = min(done, come)
+        if t >= horizon_s:
+            break
+        if done <= come:  # a slot frees (before an arrival at the same moment)
+            k, slot, _ = leave(heapq.heappop(ends)[1], t)
+            if waiting:
+                i = waiting.popleft()
+                waits[i] = t - tasks[i].arrival_s
+                place(i, k, slot, t, tasks[i].service_s)
+            elif (top := top_task()) is not None and where[top][0] > k:
+                place(top, k, slot, t, leave(top, t)[2])
             continue
-        took = task.service_s / fleet[k].speed
-        heapq.heapreplace(free[k], start + took)
-        ran[k].append(TraceTask(start, took))
+        assert nxt is not None  # t came from an arrival
+        new, nxt = nxt, next(arrivals, None)
+        spot = free_slot()
+        if spot is None:
+            waiting.append(new)
+        else:
+            waits[new] = 0.0
+            place(new, *spot, t, tasks[new].service_s)
+    for i in list(where):
+        k, _, since, finish = where[i]
+        ran[k].append(TraceTask(since, finish - since))
     return ran, waits
 
 
@@ -80,7 +130,7 @@ def market_oracle(tasks: Sequence[TraceTask], p: BaselineParams, fleet: Sequence
     """The market oracle (see the module docstring) over `fleet` (from `levels`)."""
     kept = baselines.within(tasks, p.horizon_s)
     ran, waits = assign(kept, fleet, p.slots, p.horizon_s)
-    censored = len(kept) - sum(len(run) for run in ran)  # never started before the horizon
+    censored = sum(1 for w, t in zip(waits, kept, strict=True) if t.arrival_s + w >= p.horizon_s)
     parts = []
     for level, run in zip(fleet, ran, strict=True):
         if run:
