@@ -21,6 +21,11 @@ a registered ruleset. This adapter makes it a pure-looking function `match(facts
 - a fact is asserted with only the fields the rulebook names (`Rulebook.fields_used`), its
   kind and id: the engine parses every field it is given, and the rest of a fact is read from
   the caller's copy by id (about a fifth of a tick at 10,000 instances);
+- a join condition (a reference to another fact) is never the last of its alias's `$and`:
+  when the last one is false, durable_rules skips past the group's end marker and scans the
+  memory beyond the expression array for another (events.c, `reduceExpressionSequence`),
+  which crashes the process at random; an always-true comparison of the session stamp `t`
+  with the referenced fact's is appended after them;
 - one lock serialises all use, since the library has none.
 """
 
@@ -83,7 +88,7 @@ class Engine:
         self._name = f"fleetgate_{book.digest or 'rules'}_{next(_COUNTER)}"
         definition: dict[str, Any] = {}
         for key, rule in book.definition.items():
-            definition[key] = dict(rule, run=self._recorder(key))
+            definition[key] = dict(_guarded(rule), run=self._recorder(key))
         try:
             with _LOCK:
                 _host().register_rulesets({self._name: definition})
@@ -128,6 +133,7 @@ class Engine:
         if reuse and key is not None and self._last is not None and self._last[0] == key:
             return list(self._last[1])
         sid = f"{self._name}.{next(self._sids)}"
+        stamp = _number(float(stamp))
         batch = [{"kind": TICK_KIND, "id": TICK_KIND, "sid": sid, "t": stamp}]
         batch += [dict(f, sid=sid, t=stamp) for f in slim]
         fired = self._match(batch, sid)
@@ -156,6 +162,48 @@ class Engine:
             fired = [m for m in self._fired if m.key not in (SINK, TICK)]
             self._fired.clear()
         return fired
+
+
+def _guarded(rule: dict[str, Any]) -> dict[str, Any]:
+    """`rule` with `t >= <kind>.t` after the join conditions of each alias that has any.
+
+    durable_rules evaluates an alias's join conditions in order and, on the first false one,
+    steps once past it before looking for the group's end: after the last condition that step
+    lands beyond the end marker, and the search runs on through whatever memory follows
+    (a segfault at random, about one process in four over a thousand matches). A last
+    condition that always holds (every fact of a batch carries the same `t`) is never the
+    false one. The condition compares with the kind named by the alias's last reference,
+    which is matched by then; it is not an equality, so the engine's hash join is unchanged."""
+    joins = rule.get("all")
+    if not isinstance(joins, list):
+        return rule
+    out: list[Any] = []
+    for alias in joins:
+        name, cond = next(iter(alias.items())) if len(alias) == 1 else (None, None)
+        conds: list[Any] = []
+        if isinstance(cond, dict) and list(cond) == ["$and"] and isinstance(cond["$and"], list):
+            conds = cond["$and"]
+        named = [k for k in map(_referenced, conds) if k is not None]
+        if name is None or not named:
+            out.append(alias)
+            continue
+        out.append({name: {"$and": [*conds, {"$gte": {"t": {named[-1]: "t"}}}]}})
+    return dict(rule, all=out)
+
+
+def _referenced(cond: Any) -> str | None:
+    """The kind a join condition `{op: {field: {kind: field}}}` names, or None."""
+    if not isinstance(cond, dict) or len(cond) != 1:
+        return None
+    op, body = next(iter(cond.items()))
+    if not str(op).startswith("$") or not isinstance(body, dict) or len(body) != 1:
+        return None
+    ref = next(iter(body.values()))
+    if isinstance(ref, dict) and len(ref) == 1:
+        kind, fld = next(iter(ref.items()))
+        if isinstance(fld, str):
+            return str(kind)
+    return None
 
 
 def _number(value: Any) -> Any:
