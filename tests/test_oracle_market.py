@@ -103,3 +103,53 @@ def test_on_identical_machines_it_is_the_oracle_with_stop_and_start(slots: int) 
     assert market.market_oracle(tasks, p, quick).cost_usd < held.cost_usd
     # its spend series ends at its cost
     assert held.series[-1].spend_usd == pytest.approx(held.cost_usd, rel=0.02)
+
+
+# --- without task moves (`moves=False`): fleetgate's own actions, the oracle "no moves"
+
+
+def test_without_moves_a_task_stays_and_starts_beside_the_task_that_ends_nearest_its_end() -> None:
+    same = market.identical(params(slots=2), 3)
+    hour = 3600.0
+    # d and f fill level 0; a takes level 1, alone; when e comes, f is gone: level 0 has room
+    tasks = [TraceTask(0.0, hour), TraceTask(36.0, 324.0), TraceTask(72.0, 10 * hour),
+             TraceTask(720.0, 10 * hour)]  # fmt: skip
+    ran, waits = market.assign(tasks, same, slots=2, horizon_s=20 * hour, moves=False)
+    assert waits == [0.0] * 4
+    # e ends at 10.2 h, a at 10.02 h, d at 1 h: e goes beside a, and level 0 stops after d
+    assert ran[0] == [TraceTask(36.0, 324.0), TraceTask(0.0, hour)]
+    assert ran[1] == [TraceTask(72.0, 10 * hour), TraceTask(720.0, 10 * hour)]
+    assert ran[2] == []
+    # the lowest free slot would have put e beside d: two levels on for ten hours, where
+    # this one holds level 0 for one hour. The stack moves tasks: between f's end and e's
+    # arrival (360 s, $0.36 at $3.6/h) it runs d and a on one level, which no move-free
+    # schedule can; apart from that window the two cost the same
+    p = params(slots=2, horizon_s=20 * hour, tick_s=60.0, sample_s=600.0)
+    placed = market.market_oracle(tasks, p, same, moves=False, name="oracle_placed")
+    stack = baselines.oracle(tasks, p, warm=True).cost_usd
+    assert placed.name == "oracle_placed"
+    assert stack < placed.cost_usd <= stack + 0.36
+    lowest = [TraceTask(0.0, 10.2 * hour), TraceTask(72.0, 10 * hour)]  # each level's span
+    assert placed.cost_usd < 0.6 * market.market_oracle(lowest, replace(p, slots=1), same
+                                                        ).cost_usd  # fmt: skip
+
+
+def test_without_moves_every_task_runs_once_whole_and_costs_at_least_the_stack() -> None:
+    rng = random.Random(11)
+    for case in range(20):
+        tasks = sorted((TraceTask(rng.uniform(0, 40_000), rng.choice((60.0, 600.0, 7200.0))
+                                  * rng.uniform(0.5, 2.0)) for _ in range(rng.randint(5, 200))),
+                       key=lambda t: t.arrival_s)  # fmt: skip
+        cap = rng.choice((None, 2, 5))
+        p = params(horizon_s=60_000.0, slots=2, tick_s=60.0, sample_s=600.0, max_instances=cap)
+        same = market.identical(p, cap or len(tasks))
+        ran, waits = market.assign(tasks, same, p.slots, p.horizon_s, moves=False)
+        spans = sorted((t.arrival_s, t.service_s) for run in ran for t in run)
+        started = sorted((t.arrival_s + w, t.service_s) for t, w in zip(tasks, waits, strict=True)
+                         if t.arrival_s + w < p.horizon_s)  # fmt: skip
+        flat = [x for span in spans for x in span]  # one span a task, never cut by a move
+        assert flat == pytest.approx([x for span in started for x in span]), case
+        placed = market.market_oracle(tasks, p, same, moves=False)
+        stack = baselines.oracle(tasks, p, warm=True)
+        assert placed.waits == pytest.approx(stack.waits), case  # first come, first served
+        assert placed.cost_usd >= stack.cost_usd - 1e-9, case  # the stack is the lower bound

@@ -224,7 +224,8 @@ def test_simulate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert doc["ticks"] == 360 and doc["horizon_s"] == 21600 and doc["seed"] == 3
     assert doc["deadline_s"] == 3600 and doc["trace"]["end_col"] == "deletion_time"
     assert set(doc["policies"]) == {"fleetgate", "static", "proportional", "proportional_sim",
-                                    "oracle", "oracle_warm", "oracle_market"}  # fmt: skip
+                                    "oracle", "oracle_warm", "oracle_placed",
+                                    "oracle_market"}  # fmt: skip
     for fig in doc["policies"].values():
         assert fig["cost_usd"] > 0 and fig["gpu_hours"] > 0
         assert fig["waits_s"]["count"] == len(arrived)
@@ -245,6 +246,11 @@ def test_simulate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert best["peak_instances"] <= 30 and best["deadline_misses"] == 0
     assert doc["policies"]["fleetgate"]["ratio_to_oracle_market"] == pytest.approx(
         doc["policies"]["fleetgate"]["cost_usd"] / best["cost_usd"], abs=0.002)  # fmt: skip
+    placed = doc["policies"]["oracle_placed"]  # fleetgate's actions: no task ever moves
+    assert placed["cost_usd"] >= warm["cost_usd"] - 0.01  # the bound moves tasks for free
+    assert placed["waits_s"] == warm["waits_s"]
+    assert doc["policies"]["fleetgate"]["ratio_to_oracle_placed"] == pytest.approx(
+        doc["policies"]["fleetgate"]["cost_usd"] / placed["cost_usd"], abs=0.002)  # fmt: skip
     fg = doc["fleetgate"]
     assert fg["actions"]["launch"] >= 1 and fg["instance_launches"] >= fg["actions"]["launch"]
     assert fg["tasks_arrived"] == len(arrived) and fg["llm_calls"] == 0
@@ -259,6 +265,8 @@ def test_simulate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         "within_cost_goal_warm",
         "cost_ratio_to_oracle_market",
         "within_cost_goal_market",
+        "cost_ratio_to_oracle_placed",
+        "within_cost_goal_placed",
         "below_proportional_cost",
         "below_proportional_sim_cost",
     }
@@ -270,9 +278,11 @@ def test_simulate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "policy" in printed and "x oracle" in printed and "goals:" in printed
     assert "the oracles change the fleet only at ticks, as fleetgate does (60 s)" in printed
     for name in ("fleetgate", "static (", "proportional ", "proportional, sim", "oracle ",
-                 "oracle, stop/start", "oracle, market"):  # fmt: skip
+                 "oracle, stop/start", "oracle, no moves", "oracle, market"):  # fmt: skip
         assert f"\n{name}" in printed
-    assert "against the oracle with stop/start: " in printed and "; on the market: " in printed
+    goals = next(line for line in printed.splitlines() if line.startswith("goals: "))
+    for name in ("oracle", "oracle, stop/start", "oracle, no moves", "oracle, market"):
+        assert re.search(rf"[:;] {re.escape(name)}: (not )?met \(\d+\.\d+x\)", goals), name
 
     # the journal is fleetgate's own: the usual commands read it
     assert main(["--state", str(out / "state"), "actions", "--json"]) == 0

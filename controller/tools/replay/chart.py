@@ -26,7 +26,8 @@ MISSING = "no chart: matplotlib is not installed (pip install 'fleetgate[simulat
 
 COLORS = {"fleetgate": "#1f77b4", "static": "#7f7f7f", "proportional": "#ff7f0e",
           "proportional_sim": "#9467bd", "oracle": "#2ca02c",
-          "oracle_warm": "#98df8a", "oracle_market": "#17becf"}  # fmt: skip
+          "oracle_warm": "#98df8a", "oracle_market": "#17becf",
+          "oracle_placed": "#bcbd22"}  # fmt: skip
 DAY = 86400.0
 
 

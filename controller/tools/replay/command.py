@@ -1,17 +1,20 @@
-"""`fleetgate simulate`: replay a trace through the controller and four baselines.
+"""`fleetgate simulate`: replay a trace through the controller and the baselines.
 
 1. load the config (the simulator's world, rules, guards, settings) and the trace;
 2. cut the trace to the horizon (`--days`, else the last arrival plus the deadline), in whole
    ticks;
 3. run fleetgate on it (`run.run_fleetgate`), its journal in REPORT/state;
-4. run the baselines on the same tasks, with the world's boot time, slots and fleet cap: three
-   in the fluid model, the proportional one again on the simulated world (`in_world`);
+4. run the baselines on the same tasks, with the world's boot time, slots and fleet cap: the
+   static fleet, the proportional scaler and four oracles in the fluid model (`baselines`,
+   `market`: with and without stop and start, on the market's machines, without task moves),
+   the proportional scaler again on the simulated world (`in_world`);
 5. write REPORT/report.json and REPORT/simulate.png; print the table.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -19,9 +22,19 @@ from typing import Any
 
 from controller.service.config import Config, load_config
 from controller.sim import SimConfig, Simulation, shapes
-from controller.sim.trace import RowFilter, TraceTask, load_trace, timezone_named
+from controller.sim.trace import (
+    FORMAT_DEFAULT,
+    FORMATS,
+    Columns,
+    RowFilter,
+    TraceTask,
+    columns,
+    load_trace,
+    timezone_named,
+    trace_format,
+)
 from controller.tools.replay import baselines, in_world, market, report
-from controller.tools.replay.results import BaselineParams, mean_boot_s
+from controller.tools.replay.results import BaselineParams, Outcome, mean_boot_s
 from controller.tools.replay.run import (
     FleetgateRun,
     RunSpec,
@@ -42,7 +55,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("simulate", help="replay a task trace: fleetgate beside four baselines")
     add = p.add_argument
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--trace", metavar="FILE", help="CSV of tasks")
+    source.add_argument("--trace", metavar="FILE", help="the tasks: a CSV, or a Standard "
+                        "Workload Format log (.swf) of the Parallel Workloads Archive")  # fmt: skip
     source.add_argument("--shape", choices=shapes.SHAPES, help="a generated workload instead of "
                         "a trace: short = 20-120 s tasks, daily and weekly cycles, bursts "
                         "(seeded by --seed; --days, default 7)")  # fmt: skip
@@ -53,14 +67,18 @@ def add_parser(sub: Any) -> None:
     add("--report", default="simulate-report", metavar="DIR",
         help="report.json, simulate.png and the journal (default: ./simulate-report)")  # fmt: skip
     add("--seed", type=int, metavar="S", help="simulator seed (default: the config's sim.seed)")
-    add("--arrival-col", default="creation_time", metavar="COL",
+    add("--format", choices=FORMATS, dest="trace_format",
+        help="the trace's format (default: swf for a .swf or .swf.gz file, else csv); an SWF "
+        "log's columns are named as in the format's definition: submit_time, wait_time, "
+        "run_time, status, queue_number, ...")  # fmt: skip
+    add("--arrival-col", metavar="COL",
         help="arrival time column: seconds, or a timestamp such as 2024-11-15 16:57:50 "
-        "(default: creation_time)")  # fmt: skip
+        "(default: creation_time; SWF: submit_time)")  # fmt: skip
     end = p.add_mutually_exclusive_group()
-    end.add_argument("--end-col", default="deletion_time", metavar="COL",
+    end.add_argument("--end-col", metavar="COL",
                      help="end time column, as the arrival's (default: deletion_time)")  # fmt: skip
-    end.add_argument("--service-col", metavar="COL",
-                     help="service time column, seconds (instead of --end-col)")  # fmt: skip
+    end.add_argument("--service-col", metavar="COL", help="service time column, seconds "
+                     "(instead of --end-col; default for SWF: run_time)")  # fmt: skip
     add("--time-format", metavar="FMT", help="strptime format of the time columns, e.g. "
         "'%%d/%%m/%%Y %%H:%%M' (default: seconds, or ISO-like timestamps)")  # fmt: skip
     add("--tz", default="UTC", metavar="ZONE",
@@ -68,9 +86,9 @@ def add_parser(sub: Any) -> None:
     add("--where", action="append", default=[], metavar="COL=VALUE",
         help="keep only rows where COL equals VALUE (COL!=VALUE: differs); repeatable, "
         "all must hold, e.g. --where status!=failed --where status!=pending")  # fmt: skip
-    add("--gpu-col", default="num_gpu", metavar="COL",
+    add("--gpu-col", metavar="COL",
         help="GPU-count column, a filter only: rows where it is 0 are skipped, any other "
-        "count is one task (default: num_gpu; '' keeps every row)")  # fmt: skip
+        "count is one task (default: num_gpu; SWF: none; '' keeps every row)")  # fmt: skip
     add("--time-scale", type=float, metavar="F", help="factor on arrival times "
         "(default: the config's sim.world.trace_time_scale, else 1)")  # fmt: skip
     add("--service-scale", type=float, metavar="F", help="factor on service times "
@@ -133,6 +151,7 @@ def simulate(args: argparse.Namespace) -> int:
         baselines.oracle(tasks, params),
         baselines.oracle(tasks, params, warm=True),
         market.market_oracle(tasks, params, best),
+        _placed(tasks, params),
     ]
     meta = _meta(args, scales, tasks, ticks, seed, run)
     png = chart.draw(out / "simulate.png", outcomes, _title(args, meta))
@@ -178,15 +197,24 @@ def _scale(given: float | None, config: Config, key: str) -> float:
     return float(config.sim.world[key]) if key in config.sim.world else 1.0
 
 
+def _columns(args: argparse.Namespace) -> Columns:
+    """The trace's columns: those named, else its format's (`--gpu-col ''`: no filter)."""
+    gpu = FORMAT_DEFAULT if args.gpu_col is None else args.gpu_col or None
+    fmt = trace_format(args.trace or "", args.trace_format)
+    return columns(fmt, args.arrival_col, args.end_col, args.service_col, gpu)
+
+
 def _load(args: argparse.Namespace, scales: tuple[float, float], seed: int) -> list[TraceTask]:
     if args.shape:
         return shapes.tasks_of(args.shape, args.days or SHAPE_DAYS, seed)
+    cols = _columns(args)
     return load_trace(
         args.trace,
-        arrival_col=args.arrival_col,
-        end_col=args.end_col,
-        service_col=args.service_col,
-        filter_gpu_col=args.gpu_col or None,
+        fmt=args.trace_format,
+        arrival_col=cols.arrival,
+        end_col=cols.end,
+        service_col=cols.service,
+        filter_gpu_col=cols.gpu,
         time_scale=scales[0],
         service_scale=scales[1],
         min_service_s=args.min_service_s,
@@ -214,6 +242,16 @@ def _params(
     )  # fmt: skip
 
 
+def _placed(tasks: list[TraceTask], params: BaselineParams) -> Outcome:
+    """The oracle with stop and start where no task moves: fleetgate's own actions, on the
+    other oracles' machines (a Curio task runs on the node that claimed it until it ends)."""
+    count = params.max_instances
+    if count is None:
+        count = math.ceil(baselines.peak_concurrency(tasks, params.horizon_s) / params.slots)
+    same = market.identical(params, count)
+    return market.market_oracle(tasks, params, same, moves=False, name="oracle_placed")
+
+
 def _market(sim: Simulation, params: BaselineParams) -> list[market.Level]:
     """The market oracle's machines: the world's, less those foreign instances hold."""
     world = sim.world
@@ -225,12 +263,14 @@ def _market(sim: Simulation, params: BaselineParams) -> list[market.Level]:
 def _meta(args: argparse.Namespace, scales: tuple[float, float], tasks: list[TraceTask],
           ticks: int, seed: int, run: FleetgateRun) -> dict[str, Any]:  # fmt: skip
     step = run.seconds_per_tick
+    cols = _columns(args)
     return {
         "config": args.simulate_config or args.config,
         "shape": args.shape,
-        "trace": {"path": str(args.trace) if args.trace else None, "arrival_col": args.arrival_col,
-                  "end_col": None if args.service_col else args.end_col,
-                  "service_col": args.service_col, "gpu_col": args.gpu_col or None,
+        "trace": {"path": str(args.trace) if args.trace else None,
+                  "format": trace_format(args.trace, args.trace_format) if args.trace else None,
+                  "arrival_col": cols.arrival, "end_col": cols.end,
+                  "service_col": cols.service, "gpu_col": cols.gpu,
                   "time_scale": scales[0], "service_scale": scales[1],
                   "min_service_s": args.min_service_s, "max_service_s": args.max_service_s,
                   "time_format": args.time_format, "tz": args.tz,

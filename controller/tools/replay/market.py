@@ -24,7 +24,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from controller.sim.machines import Machine
@@ -56,9 +56,16 @@ def levels(
             for m in usable[:cap]]  # fmt: skip
 
 
+def identical(p: BaselineParams, count: int) -> list[Level]:
+    """`count` machines as the other oracles see them: each proves at the reference rate, at
+    `p.dph` running and `p.storage_dph` stopped."""
+    return [Level(f"same-{k}", 1.0, p.dph, p.storage_dph) for k in range(count)]
+
+
 def assign(
-    tasks: Sequence[TraceTask], fleet: Sequence[Level], slots: int, horizon_s: float
-) -> tuple[list[list[TraceTask]], list[float]]:
+    tasks: Sequence[TraceTask], fleet: Sequence[Level], slots: int, horizon_s: float,
+    *, moves: bool = True,
+) -> tuple[list[list[TraceTask]], list[float]]:  # fmt: skip
     """Run the tasks (by arrival) on the fleet: (what each level ran, as spans of its slots'
     time; every task's wait, up to the horizon for one that never starts).
 
@@ -66,7 +73,12 @@ def assign(
     the first slot to free. When a slot frees and nobody waits, the task on the highest level
     moves down into it, its remaining work at the new machine's speed: the occupied slots are
     always the lowest, as in the other oracles' stack, and on identical machines the levels are
-    on exactly when theirs are."""
+    on exactly when theirs are.
+
+    `moves=False`: a task stays where it started, as a Curio task does on its node. Knowing
+    every task's end, a new task starts beside the running task whose level frees nearest its
+    own end (the lowest such level on a tie), else on the lowest empty level: tasks that end
+    together share a machine, which then stops with them (`_nearest_end`)."""
     order = sorted(range(len(tasks)), key=lambda i: tasks[i].arrival_s)
     held: list[list[int | None]] = [[None] * slots for _ in fleet]
     where: dict[int, tuple[int, int, float, float]] = {}  # task -> level, slot, since, finish
@@ -86,7 +98,9 @@ def assign(
         ran[k].append(TraceTask(since, t - since))
         return k, slot, (finish - t) * fleet[k].speed  # reference work left
 
-    def free_slot() -> tuple[int, int] | None:
+    def free_slot(t: float, work: float) -> tuple[int, int] | None:
+        if not moves:
+            return _nearest_end(held, where, fleet, t, work)
         return next(((k, j) for k, row in enumerate(held) for j, i in enumerate(row)
                      if i is None), None)  # fmt: skip
 
@@ -109,12 +123,12 @@ def assign(
                 i = waiting.popleft()
                 waits[i] = t - tasks[i].arrival_s
                 place(i, k, slot, t, tasks[i].service_s)
-            elif (top := top_task()) is not None and where[top][0] > k:
+            elif moves and (top := top_task()) is not None and where[top][0] > k:
                 place(top, k, slot, t, leave(top, t)[2])
             continue
         assert nxt is not None  # t came from an arrival
         new, nxt = nxt, next(arrivals, None)
-        spot = free_slot()
+        spot = free_slot(t, tasks[new].service_s)
         if spot is None:
             waiting.append(new)
         else:
@@ -126,10 +140,36 @@ def assign(
     return ran, waits
 
 
-def market_oracle(tasks: Sequence[TraceTask], p: BaselineParams, fleet: Sequence[Level]) -> Outcome:
-    """The market oracle (see the module docstring) over `fleet` (from `levels`)."""
+def _nearest_end(
+    held: Sequence[Sequence[int | None]], where: Mapping[int, tuple[int, int, float, float]],
+    fleet: Sequence[Level], t: float, work: float,
+) -> tuple[int, int] | None:  # fmt: skip
+    """The free slot for a task starting at `t` with `work` seconds at the reference rate, when
+    tasks never move: beside the running tasks whose level frees nearest the task's own end on
+    that level (the lowest level on a tie), else the lowest empty level; None if all are full."""
+    best: tuple[float, int, int] | None = None
+    empty: tuple[int, int] | None = None
+    for k, row in enumerate(held):
+        if None not in row:
+            continue
+        running = [where[i][3] for i in row if i is not None]
+        if not running:
+            empty = empty or (k, row.index(None))
+            continue
+        gap = abs(max(running) - (t + work / fleet[k].speed))
+        if best is None or gap < best[0]:
+            best = (gap, k, row.index(None))
+    return (best[1], best[2]) if best is not None else empty
+
+
+def market_oracle(
+    tasks: Sequence[TraceTask], p: BaselineParams, fleet: Sequence[Level],
+    *, moves: bool = True, name: str = "oracle_market",
+) -> Outcome:  # fmt: skip
+    """The market oracle (see the module docstring) over `fleet` (from `levels`); with
+    `moves=False` no task moves (see `assign`)."""
     kept = baselines.within(tasks, p.horizon_s)
-    ran, waits = assign(kept, fleet, p.slots, p.horizon_s)
+    ran, waits = assign(kept, fleet, p.slots, p.horizon_s, moves=moves)
     censored = sum(1 for w, t in zip(waits, kept, strict=True) if t.arrival_s + w >= p.horizon_s)
     parts = []
     for level, run in zip(fleet, ran, strict=True):
@@ -139,7 +179,7 @@ def market_oracle(tasks: Sequence[TraceTask], p: BaselineParams, fleet: Sequence
     cost = sum(o.cost_usd for o in parts)
     instance_s = sum(o.instance_s for o in parts)
     return Outcome(
-        name="oracle_market", instance_s=instance_s,
+        name=name, instance_s=instance_s,
         dph=cost / instance_s * 3600.0 if instance_s else 0.0,
         gpus_per_instance=p.gpus_per_instance, waits=tuple(waits), censored=censored,
         instances_started=sum(o.instances_started for o in parts),

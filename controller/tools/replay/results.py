@@ -16,6 +16,7 @@ LABELS = {
     "proportional_sim": "proportional, sim",
     "oracle_warm": "oracle, stop/start",
     "oracle_market": "oracle, market",
+    "oracle_placed": "oracle, no moves",
 }  # how a policy is named where people read it
 
 
