@@ -3,6 +3,7 @@ row filters, the GPU-count column as a filter; and the `simulate` options that r
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from pathlib import Path
@@ -160,3 +161,77 @@ def test_simulate_refuses_bad_loader_options(tmp_path: Path, capsys: pytest.Capt
     assert main(argv) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+# --- the Standard Workload Format (the Parallel Workloads Archive's logs)
+
+# a log as the archive writes one: `;` header comments, then 18 fields a job; -1 is unknown
+SWF = """\
+; Version: 2.2
+; Computer: a test cluster
+; UnixStartTime: 1400749079
+; TimeZoneString: Europe/Luxembourg
+;
+    1      100     5    600   16  590  -1  16  3600  -1  1  1  1  1  1 -1 -1 -1
+    2      160     0     40    1   39  -1   1   600  -1  0  2  2  2  1 -1 -1 -1
+    3      220    -1     -1    4   -1  -1   4   600  -1  5  2  2  2  2 -1 -1 -1
+    4       -1     0     90    1   -1  -1   1   600  -1  1  3  3  3  1 -1 -1 -1
+    5      400    30   7200    8 7100  -1   8  7200  -1  1  1  1  1  1 -1 -1 -1
+"""
+
+
+def _swf(tmp_path: Path, name: str = "cluster.swf", text: str = SWF) -> Path:
+    path = tmp_path / name
+    if name.endswith(".gz"):
+        path.write_bytes(gzip.compress(text.encode()))
+    else:
+        path.write_text(text)
+    return path
+
+
+def test_an_swf_log_is_read_by_submit_and_run_time_and_unknown_jobs_are_skipped(
+    tmp_path: Path,
+) -> None:
+    # job 3 never ran (run time -1), job 4's submit time is unknown: both skipped
+    want = [TraceTask(0.0, 600.0), TraceTask(60.0, 40.0), TraceTask(300.0, 7200.0)]
+    assert load_trace(_swf(tmp_path)) == want
+    assert load_trace(_swf(tmp_path, "cluster.swf.gz")) == want  # compressed, by its name
+    assert load_trace(_swf(tmp_path, "cluster.log"), fmt="swf") == want  # any name, when told
+    # its columns by the format's names: completed jobs only
+    done = load_trace(_swf(tmp_path), where=[RowFilter.parse("status=1")])
+    assert done == [TraceTask(0.0, 600.0), TraceTask(300.0, 7200.0)]
+    # what is unknown is judged in the columns read: job 3 asked for 600 s
+    asked = load_trace(_swf(tmp_path), service_col="requested_time")
+    assert [t.service_s for t in asked] == [3600.0, 600.0, 600.0, 7200.0]
+    with pytest.raises(ValueError, match="unknown trace format 'parquet'"):
+        load_trace(_swf(tmp_path), fmt="parquet")
+
+
+def test_an_swf_line_without_its_18_fields_names_path_and_line(tmp_path: Path) -> None:
+    path = _swf(tmp_path, text=SWF.replace("  1 -1 -1 -1\n    5", "  1 -1 -1\n    5"))
+    where = re.escape(str(path))
+    with pytest.raises(ValueError, match=rf"^{where}:9: expected the 18 fields of a Standard "
+                       r"Workload Format job, got 17$"):  # fmt: skip
+        load_trace(path)
+    # read as a CSV, the same file is no trace at all
+    with pytest.raises(ValueError, match="no column"):
+        load_trace(path, fmt="csv")
+
+
+def test_simulate_replays_an_swf_log_with_its_own_columns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["simulate", "--trace", str(_swf(tmp_path, "cluster.log")), "--format", "swf",
+            "--where", "status=1", "--days", "0.1", "--report", str(tmp_path / "r")]  # fmt: skip
+    assert main(argv) == 0
+    doc = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert doc["tasks"] == 2  # jobs 1 and 5
+    assert doc["trace"]["format"] == "swf"
+    assert (doc["trace"]["arrival_col"], doc["trace"]["service_col"]) == ("submit_time", "run_time")
+    assert doc["trace"]["end_col"] is None and doc["trace"]["gpu_col"] is None
+    replayed = (tmp_path / "r" / "state" / "trace.csv").read_text().splitlines()[1:]
+    assert sorted(float(e) - float(a) for a, e, _ in (r.split(",") for r in replayed)) == [
+        600.0, 7200.0]  # fmt: skip
+    with pytest.raises(SystemExit) as refused:
+        main(["simulate", "--trace", str(_swf(tmp_path)), "--format", "xml"])
+    assert refused.value.code == 2 and "invalid choice: 'xml'" in capsys.readouterr().err

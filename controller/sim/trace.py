@@ -1,4 +1,4 @@
-"""Load a task trace (CSV) as arrivals and service times for the simulated queue.
+"""Load a task trace (CSV or SWF) as arrivals and service times for the simulated queue.
 
 The reference trace is Alibaba's `openb_pod_list_default.csv` (cluster-trace-gpu-v2023, Weng et
 al., USENIX ATC 2023): one row per task with `creation_time` and `deletion_time` in seconds from
@@ -6,6 +6,13 @@ the trace start and `num_gpu`. Other CSVs name their own columns: an arrival tim
 an end time (`end_col`) or a duration (`service_col`, seconds). Blank lines and lines starting
 with `#` are skipped; errors name `path:line`. A gzip-compressed file (`.csv.gz`, known by its
 first bytes) is read as it is.
+
+The Standard Workload Format of the Parallel Workloads Archive (`.swf`, or `fmt="swf"`; the
+archive's cluster logs, and those packages ship) is read too: `;` comment lines, then 18
+whitespace-separated fields a job, named as in `SWF_COLUMNS` (`submit_time`, `wait_time`,
+`run_time`, `status`, ...). Its defaults are `submit_time` for the arrival and `run_time` for
+the service time, with no GPU filter; a job whose submit or run time is -1 (the format's
+"unknown") is skipped.
 
 The traces shipped in `controller/sim/data/` (`SHIPPED`: the full openb trace, compressed, and
 a one-day sample) are found by name alone too: a path with no folder that is no file in the
@@ -32,12 +39,74 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, tzinfo
+from enum import Enum
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 DATA = Path(__file__).resolve().parent / "data"
 SHIPPED = ("openb_pod_list_default.csv.gz", "openb_sample.csv")
 _GZIP = b"\x1f\x8b"
+
+# The Standard Workload Format's 18 fields, in order (Chapin et al., "Benchmarks and Standards
+# for the Evaluation of Parallel Job Schedulers", 1999; the Parallel Workloads Archive's
+# definition): times in seconds, -1 where a log does not know a value.
+SWF_COLUMNS = (
+    "job_number", "submit_time", "wait_time", "run_time", "allocated_processors",
+    "average_cpu_time", "used_memory", "requested_processors", "requested_time",
+    "requested_memory", "status", "user_id", "group_id", "executable_number", "queue_number",
+    "partition_number", "preceding_job_number", "think_time",
+)  # fmt: skip
+SWF_UNKNOWN = "-1"
+FORMATS = ("csv", "swf")
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Which columns a trace is read by: an arrival; an end or a duration (`service`); a
+    GPU-count filter, or None."""
+
+    arrival: str
+    end: str | None
+    service: str | None
+    gpu: str | None
+
+
+class _Default(Enum):
+    FORMAT = "the format's default"
+
+
+FORMAT_DEFAULT = _Default.FORMAT  # a GPU filter left to the trace's format
+
+
+def trace_format(path: str | Path, fmt: str | None = None) -> str:
+    """`fmt` when given (one of FORMATS), else by the file's name: `.swf` or `.swf.gz` is SWF,
+    anything else CSV. ValueError on an unknown `fmt`."""
+    if fmt is not None:
+        if fmt not in FORMATS:
+            raise ValueError(f"unknown trace format {fmt!r} (expected one of {', '.join(FORMATS)})")
+        return fmt
+    name = Path(path).name.lower()
+    return "swf" if name.endswith((".swf", ".swf.gz")) else "csv"
+
+
+def columns(
+    fmt: str,
+    arrival_col: str | None = None,
+    end_col: str | None = None,
+    service_col: str | None = None,
+    filter_gpu_col: str | None | _Default = FORMAT_DEFAULT,
+) -> Columns:
+    """The columns to read, the format's defaults where none is named: for CSV the openb
+    trace's (`creation_time`, `deletion_time`, `num_gpu`), for SWF `submit_time` and
+    `run_time`, no GPU filter. A named `service_col` is read instead of any end column."""
+    swf = fmt == "swf"
+    default_gpu = None if swf else "num_gpu"
+    gpu = default_gpu if isinstance(filter_gpu_col, _Default) else filter_gpu_col
+    if service_col is None and end_col is None and swf:
+        service_col = "run_time"
+    end = None if service_col is not None else (end_col or "deletion_time")
+    arrival = arrival_col or ("submit_time" if swf else "creation_time")
+    return Columns(arrival, end, service_col, gpu or None)
 
 
 @dataclass(frozen=True)
@@ -95,10 +164,11 @@ class _Times:
 def load_trace(
     path: str | Path,
     *,
-    arrival_col: str = "creation_time",
-    end_col: str = "deletion_time",
+    arrival_col: str | None = None,
+    end_col: str | None = None,
     service_col: str | None = None,
-    filter_gpu_col: str | None = "num_gpu",
+    filter_gpu_col: str | None | _Default = FORMAT_DEFAULT,
+    fmt: str | None = None,
     time_scale: float = 1.0,
     service_scale: float = 1.0,
     min_service_s: float | None = None,
@@ -108,7 +178,9 @@ def load_trace(
     where: Sequence[RowFilter] = (),
     limit: int | None = None,
 ) -> list[TraceTask]:
-    """Tasks of the CSV at `path`, sorted by arrival (see the module docstring).
+    """Tasks of the trace at `path` (`fmt`: see `trace_format`), sorted by arrival (see the
+    module docstring). Columns not named are the format's (`columns`); `filter_gpu_col=None`
+    keeps every row.
 
     Rows failing a `where` filter, and rows whose `filter_gpu_col` is 0, are skipped. Arrival is
     (arrival - the first kept arrival) x `time_scale`; service is the lifetime x
@@ -123,16 +195,21 @@ def load_trace(
             f"min_service_s {min_service_s!r} is above max_service_s {max_service_s!r}"
         )
     times = _Times(time_format, timezone_named(tz))
+    form = trace_format(path, fmt)
+    cols = columns(form, arrival_col, end_col, service_col, filter_gpu_col)
+    unknown = (cols.arrival, cols.service or cols.end) if form == "swf" else ()
     rows: list[tuple[float, float]] = []
-    for at, record in _records(Path(path)):
+    for at, record in _records(Path(path), form):
         if limit is not None and len(rows) >= limit:
             break
         if not all(f.keeps(record, at) for f in where):
             continue
-        if filter_gpu_col is not None and _number(record, filter_gpu_col, at) == 0:
+        if any(record.get(c, "").strip() == SWF_UNKNOWN for c in unknown if c):
             continue
-        start = _time(record, arrival_col, at, times)
-        life = _lifetime(record, start, at, arrival_col, end_col, service_col, times)
+        if cols.gpu is not None and _number(record, cols.gpu, at) == 0:
+            continue
+        start = _time(record, cols.arrival, at, times)
+        life = _lifetime(record, start, at, cols, times)
         rows.append((start, life))
     if not rows:
         return []
@@ -147,24 +224,19 @@ def load_trace(
 
 
 def _lifetime(
-    record: dict[str, str],
-    start: float,
-    where: str,
-    arrival_col: str,
-    end_col: str,
-    service_col: str | None,
-    times: _Times,
+    record: dict[str, str], start: float, where: str, cols: Columns, times: _Times
 ) -> float:
     """The row's service time, seconds, before scaling (a duration column, or end - start)."""
-    if service_col is not None:
-        life = _number(record, service_col, where)
+    if cols.service is not None:
+        life = _number(record, cols.service, where)
         if life < 0:
-            raise ValueError(f"{where}: {service_col} {life!r} is negative")
+            raise ValueError(f"{where}: {cols.service} {life!r} is negative")
         return life
+    end_col = cols.end or "deletion_time"  # `columns` names one when there is no service
     end = _time(record, end_col, where, times)
     if end < start:
         raise ValueError(f"{where}: {end_col} {record[end_col].strip()!r} is before "
-                         f"{arrival_col} {record[arrival_col].strip()!r}")  # fmt: skip
+                         f"{cols.arrival} {record[cols.arrival].strip()!r}")  # fmt: skip
     return end - start
 
 
@@ -188,15 +260,19 @@ def _open(path: Path) -> io.TextIOBase:
     return path.open(newline="", encoding="utf-8")
 
 
-def _records(path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+def _records(path: Path, fmt: str = "csv") -> Iterator[tuple[str, dict[str, str]]]:
     """("path:line", {column: value}) for every data row, comments and blank lines skipped."""
     header: list[str] | None = None
     path = resolve(path)
     with _open(path) as handle:
         for lineno, line in enumerate(_lines(handle, path), start=1):
+            where = f"{path}:{lineno}"
+            if fmt == "swf":
+                if line.strip() and not line.lstrip().startswith(";"):
+                    yield where, _swf_record(line, where)
+                continue
             if not line.strip() or line.lstrip().startswith("#"):
                 continue
-            where = f"{path}:{lineno}"
             fields = next(csv.reader([line]))
             if header is None:
                 header = [f.strip() for f in fields]
@@ -204,6 +280,15 @@ def _records(path: Path) -> Iterator[tuple[str, dict[str, str]]]:
             if len(fields) != len(header):
                 raise ValueError(f"{where}: expected {len(header)} fields, got {len(fields)}")
             yield where, dict(zip(header, fields, strict=True))
+
+
+def _swf_record(line: str, where: str) -> dict[str, str]:
+    """One SWF job line as {SWF column: value}."""
+    fields = line.split()
+    if len(fields) != len(SWF_COLUMNS):
+        raise ValueError(f"{where}: expected the {len(SWF_COLUMNS)} fields of a Standard "
+                         f"Workload Format job, got {len(fields)}")  # fmt: skip
+    return dict(zip(SWF_COLUMNS, fields, strict=True))
 
 
 def _lines(handle: io.TextIOBase, path: Path) -> Iterator[str]:
