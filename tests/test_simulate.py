@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from controller.service.cli import main
+from controller.sim.config import SimConfig
 from controller.sim.trace import TraceTask, load_trace
 from controller.tools.replay import baselines, operator
-from controller.tools.replay.results import BaselineParams
+from controller.tools.replay.results import BaselineParams, fault_rework, task_hazard_per_h
 
 ROOT = Path(__file__).resolve().parents[1]
 SLICE = ROOT / "tests" / "data" / "simulate_slice.csv"
@@ -273,6 +276,12 @@ def test_simulate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     in_world = doc["policies"]["proportional_sim"]
     assert in_world["actions"]["launch"] == in_world["instances_started"] >= 1
 
+    # what the world's faults add to the work, which the oracles never meet
+    assert doc["faults"]["task_hazard_per_h"] == pytest.approx(0.095)
+    assert doc["faults"]["rework"] == pytest.approx(
+        fault_rework([t.service_s for t in arrived], 0.095), abs=1e-4)  # fmt: skip
+    assert "faults: a running task is lost at 0.095/h" in printed
+
     png = (out / "simulate.png").read_bytes()
     assert png.startswith(PNG) and len(png) > 10_000
     assert "policy" in printed and "x oracle" in printed and "goals:" in printed
@@ -315,3 +324,20 @@ def test_simulate_names_the_bad_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     err = capsys.readouterr().err
     assert f"{csv}:3: deletion_time 'later' is not a number" in err
     assert not (tmp_path / "r" / "report.json").exists()
+
+
+def test_the_faults_add_work_no_policy_avoids_a_task_lost_runs_again_from_its_start() -> None:
+    # a 1 h task lost at 1/h: e^1 - 1 hours in expectation (it is run until a try lasts 1 h)
+    assert fault_rework([3600.0], 1.0) == pytest.approx(math.e - 2.0)
+    # long tasks pay far more than short ones: 4 h at 0.095/h, against 1 min
+    assert fault_rework([14400.0], 0.095) == pytest.approx(0.2165, abs=1e-4)
+    assert fault_rework([60.0], 0.095) == pytest.approx(0.0008, abs=1e-4)
+    # weighted by task time
+    both = fault_rework([14400.0, 60.0], 0.095)
+    assert both == pytest.approx((14400 * 0.2165 + 60 * 0.0008) / 14460, abs=1e-4)
+    assert fault_rework([], 0.095) == 0.0 and fault_rework([600.0], 0.0) == 0.0
+    # the simulator's defaults, and the world without faults that BENCHMARKS.md judges in
+    assert task_hazard_per_h(SimConfig()) == pytest.approx(0.095)
+    calm = yaml.safe_load((ROOT / "controller" / "examples" / "simulate-no-faults.yaml"
+                           ).read_text())["sim"]["world"]  # fmt: skip
+    assert task_hazard_per_h(SimConfig.model_validate(calm)) == 0.0

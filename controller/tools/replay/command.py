@@ -34,7 +34,13 @@ from controller.sim.trace import (
     trace_format,
 )
 from controller.tools.replay import baselines, in_world, market, report
-from controller.tools.replay.results import BaselineParams, Outcome, mean_boot_s
+from controller.tools.replay.results import (
+    BaselineParams,
+    Outcome,
+    fault_rework,
+    mean_boot_s,
+    task_hazard_per_h,
+)
 from controller.tools.replay.run import (
     FleetgateRun,
     RunSpec,
@@ -154,6 +160,11 @@ def simulate(args: argparse.Namespace) -> int:
         _placed(tasks, params),
     ]
     meta = _meta(args, scales, tasks, ticks, seed, run)
+    hazard = task_hazard_per_h(SimConfig.model_validate(config.sim.world))
+    meta["faults"] = {
+        "task_hazard_per_h": round(hazard, 6),
+        "rework": round(fault_rework([t.service_s for t in tasks], hazard), 4),
+    }
     png = chart.draw(out / "simulate.png", outcomes, _title(args, meta))
     meta["wall_s"] = {"total": round(time.perf_counter() - started, 2),
                       "fleetgate": round(run.wall_s, 2)}  # fmt: skip

@@ -123,6 +123,7 @@ def render(doc: dict[str, Any]) -> str:
         f"LLM calls: {fg['llm_calls']}; answers: {_answers(fg['answers'], doc)}",
         per_situation_line(fg["per_situation"]),
         _forecast_line(fg.get("forecast")),
+        _faults_line(doc.get("faults")),
         f"wall time: {doc['wall_s']['total']:.1f} s (fleetgate ticks "
         f"{doc['wall_s']['fleetgate']:.1f} s, {doc['ticks_per_s']:.0f} ticks/s)",
         _goal_line(doc["goals"], deadline),
@@ -140,6 +141,16 @@ def _forecast_line(f: dict[str, Any] | None) -> str:
         f"forecast (demand one boot time ahead, {f['n']} ticks scored): MAE {f['mae']:.2f} "
         f"tasks, MAPE {mape}; demand-stays-as-now: MAE {f['naive_mae']:.2f}, MAPE {naive}"
     )
+
+
+def _faults_line(f: dict[str, Any] | None) -> str:
+    """What the world's faults cost any policy, which the oracles never pay."""
+    if not f or not f.get("task_hazard_per_h"):
+        return "faults: none lose a running task in this world (as in the oracles)"
+    return (f"faults: a running task is lost at {f['task_hazard_per_h']:g}/h (daemon deaths, "
+            f"exits, hosts gone, freezes) and runs again from its start: +{100 * f['rework']:.1f} "
+            f"% of this trace's task time in expectation, whatever the policy; the oracles meet "
+            f"no fault")  # fmt: skip
 
 
 def _answers(answers: dict[str, int], doc: dict[str, Any]) -> str:

@@ -5,6 +5,8 @@ Pure: dataclasses and arithmetic, no I/O.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +14,9 @@ from controller.sim.config import SimConfig
 from controller.sim.stats import wait_summary
 
 BOOT_STAGES = ("boot_s", "pull_s", "register_s", "params_s", "bench_s")
+# per running instance-hour, what loses the tasks it holds: a silent daemon death, a container
+# that exits, a host gone offline, a freeze (a fleet-wide odd status is not per instance)
+TASK_HAZARDS = ("daemon_death_per_h", "exit_per_h", "offline_per_h", "frozen_per_h")
 LABELS = {
     "proportional_sim": "proportional, sim",
     "oracle_warm": "oracle, stop/start",
@@ -128,3 +133,20 @@ def deadline_misses(waits: tuple[float, ...] | list[float], deadline_s: float) -
 def mean_boot_s(world: SimConfig) -> float:
     """Mean seconds from renting a simulated instance to its first task: the stages' midpoints."""
     return sum(float(sum(getattr(world, name))) / 2.0 for name in BOOT_STAGES)
+
+
+def task_hazard_per_h(world: SimConfig) -> float:
+    """The chance an hour that a running task is lost with its instance (`TASK_HAZARDS`)."""
+    return float(sum(getattr(world, name) for name in TASK_HAZARDS))
+
+
+def fault_rework(service_s: Sequence[float], hazard_per_h: float) -> float:
+    """The share of task time the faults add in expectation: a task lost at `hazard_per_h` (a
+    constant hazard while it runs) is run again from its start, so a task of s seconds takes
+    (e^(ls) - 1) / l in all (l the hazard a second), whatever runs it. The oracles meet no
+    fault; no policy avoids these. 0.0 without tasks or hazard."""
+    total = sum(service_s)
+    rate = hazard_per_h / 3600.0
+    if total <= 0 or rate <= 0:
+        return 0.0
+    return sum(math.expm1(rate * s) / rate for s in service_s) / total - 1.0
