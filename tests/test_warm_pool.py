@@ -373,3 +373,25 @@ def test_a_parked_instance_is_started_instead_of_a_new_rental(tmp_path: Path) ->
     assert s.world.get(iid).status == "running"
     assert s.stats["instances_launched"] == 1  # no new rental
     journal.close()
+
+
+def test_a_backlog_that_does_not_drain_rents_every_slot_it_needs() -> None:
+    """The warm pool's rules hold rentals to what the measured task time says a boot helps;
+    once a task has waited 20 minutes, the rule renting for every pending task outranks both
+    that hold rentals back, so the tick acts on it (a tie would be decided by name)."""
+    from controller.core.decide import resolve
+    from controller.rules.source import read_rulebook
+
+    folder = Path(__file__).parent.parent / "controller" / "examples" / "warm-pool"
+    rules = {r.name: r for r in read_rulebook([folder]).rules}
+    overdue = rules["scale-to-proving-backlog-overdue"]
+    held = [rules["scale-to-proving-backlog"], rules["scale-to-proving-burst"]]
+    assert all(overdue.priority > r.priority for r in held)
+    props = [Proposal("scale_to", {"count": 30, "rent_to": 11}, f"rule:{r.name}", r.description,
+                      0.9, priority=r.priority) for r in held]  # fmt: skip
+    props.append(Proposal("scale_to", {"count": 30}, f"rule:{overdue.name}", overdue.description,
+                          0.9, priority=overdue.priority))  # fmt: skip
+    winners, lost, doubts = resolve(props)
+    assert [w.proposer for w in winners] == ["rule:scale-to-proving-backlog-overdue"]
+    assert winners[0].params == {"count": 30} and not doubts
+    assert {d.verdict for d in lost} == {"superseded"}
