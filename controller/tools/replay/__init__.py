@@ -1,10 +1,11 @@
-"""`fleetgate simulate`: the controller against a replayed trace, beside four baselines.
+"""`fleetgate simulate`: the controller against a replayed trace, beside the baselines.
 
 Layers, and what each must not do:
 
-- `results`, `fifo`, `baselines`: pure. Data in, data out: no files, no clock, no logging, no
-  controller. The baselines are what a static fleet, a KEDA/HPA-style scaler and an oracle
-  would have done with the same tasks, boot time, price and slots.
+- `results`, `fifo`, `baselines`, `market`: pure. Data in, data out: no files, no clock, no
+  logging, no controller. The baselines are what a static fleet, a KEDA/HPA-style scaler and
+  the oracles (with and without stop and start, without task moves, on the market's own
+  machines) would have done with the same tasks, boot time, price and slots.
 - `in_world`: the KEDA/HPA-style scaler again, on the simulator fleetgate faces (same config,
   seed and tasks), acting through the world's own calls; no controller code.
 - `run`: drives the real controller (`assemble`, `Controller.tick`) on the simulator in

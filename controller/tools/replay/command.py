@@ -58,7 +58,7 @@ SAMPLES = 3000  # points per time series in the chart
 
 def add_parser(sub: Any) -> None:
     """The `simulate` subcommand and its options (`sub`: the CLI's subparsers)."""
-    p = sub.add_parser("simulate", help="replay a task trace: fleetgate beside four baselines")
+    p = sub.add_parser("simulate", help="replay a task trace: fleetgate beside the baselines")
     add = p.add_argument
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--trace", metavar="FILE", help="the tasks: a CSV, or a Standard "
