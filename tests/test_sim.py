@@ -443,6 +443,20 @@ def test_trace_demand_replays_arrivals() -> None:
     assert total(sim).pending == expected
 
 
+def test_trace_demand_replays_a_standard_workload_format_log(tmp_path: Path) -> None:
+    log = tmp_path / "cluster.swf"  # `;` comments, 18 fields a job, -1 for unknown
+    log.write_text("; UnixStartTime: 1400749079\n"
+                   "1    0 5  600 16 -1 -1 16 3600 -1 1 1 1 1 1 -1 -1 -1\n"
+                   "2   60 0   -1  1 -1 -1  1  600 -1 5 2 2 2 1 -1 -1 -1\n"
+                   "3 1200 0 7200  8 -1 -1  8 7200 -1 1 1 1 1 1 -1 -1 -1\n")  # fmt: skip
+    sim = make_sim(demand="trace", trace_path=str(log), trace_time_scale=1.0,
+                   trace_service_scale=1.0)  # fmt: skip
+    sim.advance(600)
+    assert sim.stats["tasks_arrived"] == 1  # job 2 never ran (run time -1): not a task
+    sim.advance(1200)
+    assert sim.stats["tasks_arrived"] == total(sim).pending == 2
+
+
 def test_fleet_wide_odd_status_freezes_running_instances_now_and_then() -> None:
     sim = make_sim(odd_status_per_h=2.0, **FAST_BOOT)
     ids = [launch(sim, f"odd-{n}") for n in range(4)]

@@ -218,7 +218,9 @@ class SimConfig(BaseModel):
         default=1800.0, gt=0, description="Synthetic: longest base service time, s."
     )
     trace_path: str | None = Field(
-        default=None, description="Trace mode: CSV of tasks (the Alibaba openb pod list format)."
+        default=None,
+        description="Trace mode: the task trace, a CSV in the Alibaba openb pod list's columns or"
+        " a Standard Workload Format log (.swf, .swf.gz).",
     )
     trace_time_scale: float = Field(
         default=0.01,
