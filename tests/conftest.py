@@ -8,9 +8,10 @@ from collections.abc import Iterator
 import pytest
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def restore_logging() -> Iterator[None]:
-    """`cli.main` points the root logger at the (captured) stderr; put it back afterwards."""
+    """`cli.main` points the root logger at the (captured) stderr; put it back afterwards, in
+    every test, so no later test logs to a capture that pytest has closed."""
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     yield

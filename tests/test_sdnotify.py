@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -105,18 +106,50 @@ def test_a_standby_is_ready_and_keeps_the_watchdog_fed(
             if [m[0] for m in messages].count("WATCHDOG=1") >= 2:
                 break
         proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:  # read on, as systemd does
+            got = _receive(sock, deadline)
+            if got:
+                messages.append(got)
         _, err = proc.communicate(timeout=60)
         while (got := _receive(sock, 0)) is not None and got:
             messages.append(got)
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.communicate()
         journal.close()
     assert proc.returncode == 0, err[-2000:]
     kinds = [m[0] for m in messages]
     assert kinds[0] == "READY=1", messages
     assert any("standing by" in f and "elsewhere:1" in f for f in messages[0]), messages
     assert kinds.count("WATCHDOG=1") >= 2 and kinds[-1] == "STOPPING=1", kinds
+
+
+def test_a_reader_that_falls_behind_never_stalls_the_sender(
+    notify_socket: tuple[socket.socket, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The socket's queue holds a few datagrams (`net.unix.max_dgram_qlen`): once it is full,
+    a send gives up after its timeout, is logged once, and the sender goes on; nothing blocks
+    the tick, the standby loop or the shutdown that waits for them."""
+    sock, address = notify_socket
+    notify = Notifier(address, send_timeout_s=0.2)
+    results: list[bool] = []
+
+    def flood() -> None:
+        results.extend(notify.watchdog() for _ in range(64))  # never read: the queue fills
+        results.append(notify.stopping("bye"))
+
+    with caplog.at_level(logging.WARNING, logger="controller.service.sdnotify"):
+        sender = threading.Thread(target=flood, daemon=True)
+        sender.start()
+        sender.join(timeout=60)
+    assert not sender.is_alive(), "a send blocked on a full queue"
+    assert len(results) == 65 and results[0] and not all(results)
+    assert not results[-1]  # STOPPING=1 too was dropped, not waited for without end
+    assert len(caplog.records) == 1 and "queue stayed full for 0.2 s" in caplog.text
+    sock.settimeout(None)
+    assert sock.recv(4096) == b"WATCHDOG=1"  # what fitted was delivered
 
 
 def test_without_a_socket_nothing_is_sent_and_a_dead_socket_is_logged_once(

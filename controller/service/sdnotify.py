@@ -7,6 +7,11 @@ with a `STATUS=` line `systemctl status` shows). Without `$NOTIFY_SOCKET` (not s
 systemd, or `Type=simple`) every call is a no-op. A message that cannot be sent is logged once
 and never raised: the controller keeps running, and systemd's own timeouts say what went wrong.
 
+A send never blocks for longer than `send_timeout_s`: the socket's queue is short (the kernel's
+`net.unix.max_dgram_qlen`, 10 by default), and a reader that falls behind (a busy systemd, or
+none at all) would otherwise stall the tick, the standby loop and the shutdown that waits for
+them. A message that does not fit in time is dropped; the next `WATCHDOG=1` follows a tick later.
+
 `$WATCHDOG_USEC` (set by systemd with `WatchdogSec=`, for this process when `$WATCHDOG_PID` is
 ours or unset) is read so that a watchdog shorter than the tick interval is reported at start.
 """
@@ -26,9 +31,11 @@ class Notifier:
     """Sends sd_notify messages to `address` (a path, or `@name` for the abstract namespace);
     `address` None: does nothing."""
 
-    def __init__(self, address: str | None, watchdog_s: float | None = None):
+    def __init__(self, address: str | None, watchdog_s: float | None = None,
+                 send_timeout_s: float = 1.0):  # fmt: skip
         self.address = address or None
         self.watchdog_s = watchdog_s
+        self.send_timeout_s = send_timeout_s
         self._failed = False
         self.ready_sent = False
         # after STOPPING=1 nothing more is sent: the tick, the standby loop and the shutdown
@@ -58,8 +65,13 @@ class Notifier:
         payload = "\n".join(f.replace("\n", " ") for f in fields).encode("utf-8")
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+                sock.settimeout(self.send_timeout_s)  # a full queue: wait this long at most
                 sock.connect(target)
                 sock.sendall(payload)
+        except TimeoutError:
+            self._fail(f"cannot notify systemd at {self.address!r}: its socket's queue stayed "
+                       f"full for {self.send_timeout_s:g} s (message dropped)")  # fmt: skip
+            return False
         except OSError as exc:
             self._fail(f"cannot notify systemd at {self.address!r}: {exc.strerror or exc}")
             return False
