@@ -116,6 +116,19 @@ def test_status_json(run400: tuple[Path, Path]) -> None:
     assert st["instances"] >= 0 and "all" in st["demand"]
 
 
+def test_status_text_reads_as_words_and_agrees_with_the_json(run400: tuple[Path, Path]) -> None:
+    cfg, state = run400
+    st = json.loads(fg("--config", str(cfg), "--state", str(state), "status", "--json").stdout)
+    text = fg("--config", str(cfg), "--state", str(state), "status").stdout
+    assert "{'" not in text and "[{" not in text, text  # no Python reprs of the tick's summary
+    tick = next(line for line in text.splitlines() if line.startswith("last tick #400 at "))
+    assert "sensors demand ok, provider ok" in tick and "doubts" in tick, tick
+    demand = next(line for line in text.splitlines() if line.startswith("demand, "))
+    total = st["demand"]["all"]
+    assert f"all {total['pending']}/{total['running']}" in demand, demand
+    assert "forecast of the two together" in demand, demand
+
+
 def test_consecutive_ticks_continue_from_the_journal(tmp_path: Path) -> None:
     state = tmp_path / "s"
     for _ in range(3):

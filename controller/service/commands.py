@@ -20,6 +20,7 @@ from controller.service import llm_reader
 from controller.service.app import App
 from controller.service.assemble import assemble, lease
 from controller.service.config import Config, ConfigError, state_dir
+from controller.service.status import status_lines
 from controller.service.tick import Planned
 from escalation import approvals
 from escalation.render import Renderer
@@ -235,28 +236,8 @@ def _scalar(raw: str) -> Any:
 
 
 def print_status(st: dict[str, Any]) -> None:
-    last = st["last_tick"]
-    print(f"provider {st['provider']}  rules {st['rules']}  paused {st['paused']}")
-    if last:
-        print(f"last tick #{last['id']} at {_ts(last['started_at'])}: {_brief(last['summary'])}")
-    stages = ", ".join(f"{k} {v}" for k, v in sorted(st["by_stage"].items()))
-    print(f"instances {st['instances']} ({stages or 'none'}), spend ${st['spend_per_h']}/h")
-    queue = {
-        task: f"{v['pending']} pending/{v['running']} running" for task, v in st["demand"].items()
-    }
-    print(f"demand: {_brief(queue)}")
-    print(f"pending escalations: {st['pending_escalations']}")
-    for line in [s["text"] for s in st.get("autonomy", {}).get("suggestions", [])]:
-        print(f"autonomy suggestion: {line}")
-    for d in st.get("autonomy", {}).get("demoted", []):
-        print(f"autonomy: {d['action']} ({d['kind']}) demoted to propose: {d['why']}")
-    lead = st["leader"]
-    if lead["live"]:
-        print(f"leader: {lead['holder']} (token {lead['token']}, lease "
-              f"{lead['expires_in_s']:.0f} s left)")  # fmt: skip
-    else:
-        print("leader: none" + (f" (last {lead['holder']}, token {lead['token']})"
-                                if lead["holder"] else ""))  # fmt: skip
+    for line in status_lines(st):
+        print(line)
 
 
 def tick_once(app: App) -> int:

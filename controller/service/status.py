@@ -7,6 +7,7 @@ One document whether a running controller answers (`App.status`) or the journal 
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from controller.service import autonomy
@@ -43,6 +44,91 @@ def status_doc(journal: Journal, *, now: float, provider: str, paused: bool, rul
         "sim": sim,
         "autonomy": autonomy.status_part(journal),  # the track record: suggestions, demotions
     }
+
+
+# ---- in words (`fleetgate status` without --json) ----------------------------------------
+VERDICT_WORDS = (("act", "acted on"), ("ask", "awaiting approval"), ("veto", "vetoed"),
+                 ("noop", "already so"), ("superseded", "superseded"),
+                 ("observe", "observed"))  # fmt: skip
+
+
+def status_lines(st: dict[str, Any]) -> list[str]:
+    """`fleetgate status` in words, from the document `--json` prints."""
+    lines = [f"provider {st['provider']}  rules {st['rules']}  paused {st['paused']}"]
+    last = st["last_tick"]
+    if last:
+        lines.append(f"last tick #{last['id']} at {_when(last['started_at'])}: "
+                     f"{_tick_words(last.get('summary') or {})}")  # fmt: skip
+    stages = ", ".join(f"{k} {v}" for k, v in sorted(st["by_stage"].items()))
+    spend = st["spend_per_h"]
+    lines.append(f"instances {st['instances']} ({stages or 'none'}), spend "
+                 f"{'-' if spend is None else f'${spend}/h'}")  # fmt: skip
+    lines.append(_demand_words(st, (last or {}).get("summary") or {}))
+    foreign = st.get("foreign") or []
+    if foreign:
+        shown = ", ".join(f"{f.get('id')} ({f.get('label') or 'no label'}, {f.get('status')})"
+                          for f in foreign)  # fmt: skip
+        lines.append(f"not fleetgate's (left alone): {shown}")
+    lines.append(f"pending escalations: {st['pending_escalations']}")
+    for line in [s["text"] for s in st.get("autonomy", {}).get("suggestions", [])]:
+        lines.append(f"autonomy suggestion: {line}")
+    for d in st.get("autonomy", {}).get("demoted", []):
+        lines.append(f"autonomy: {d['action']} ({d['kind']}) demoted to propose: {d['why']}")
+    lead = st["leader"]
+    if lead["live"]:
+        lines.append(f"leader: {lead['holder']} (token {lead['token']}, lease "
+                     f"{lead['expires_in_s']:.0f} s left)")  # fmt: skip
+    else:
+        lines.append("leader: none" + (f" (last {lead['holder']}, token {lead['token']})"
+                                       if lead["holder"] else ""))  # fmt: skip
+    return lines
+
+
+def _when(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _tick_words(summary: dict[str, Any]) -> str:
+    """A tick's summary in words: what became of its decisions, or why it held."""
+    if summary.get("held"):
+        return (f"held, acting on nothing: {summary['held']} "
+                f"({summary.get('escalated', 0)} escalated)")  # fmt: skip
+    done = [f"{summary[key]} {words}" for key, words in VERDICT_WORDS if summary.get(key)]
+    parts = [
+        f"decisions {', '.join(done) or 'none'}",
+        f"{summary.get('doubts', 0)} doubts, {summary.get('escalated', 0)} escalated",
+    ]
+    sensors = summary.get("sensors") or {}
+    if sensors:
+        parts.append("sensors " + ", ".join(f"{k} {v}" for k, v in sorted(sensors.items())))
+    return "; ".join(parts)
+
+
+def _demand_words(st: dict[str, Any], summary: dict[str, Any]) -> str:
+    """The queue per task as the last tick read it (pending/running, and the forecast of both
+    one boot ahead where there is one); tasks with nothing in the queue are left out."""
+    queues = [q for q in summary.get("demand") or [] if isinstance(q, dict)]
+    if not queues:
+        total = st["demand"]["all"]
+        if total["pending"] is None and total["running"] is None:
+            return "demand: not read yet"
+        known = {k: "-" if v is None else v for k, v in total.items()}
+        return f"demand: all {known['pending']} pending/{known['running']} running"
+    queues.sort(key=lambda q: (q.get("task") != "all", str(q.get("task"))))
+    shown, horizons = [], set()
+    for q in queues:
+        ahead = q.get("forecast_pending")
+        if not (q.get("pending") or q.get("running") or ahead) and q.get("task") != "all":
+            continue
+        text = f"{q.get('task')} {q.get('pending')}/{q.get('running')}"
+        if ahead is not None:
+            text += f" ({float(ahead):.1f})"
+            horizons.add(round(float(q.get("forecast_horizon_s") or 0.0) / 60.0))
+        shown.append(text)
+    ahead_words = (f" (forecast of the two together in {horizons.pop()} min)"
+                   if len(horizons) == 1 else " (forecast of the two together one boot ahead)"
+                   if horizons else "")  # fmt: skip
+    return f"demand, pending/running{ahead_words}: " + ", ".join(shown)
 
 
 # ---- readiness (GET /readyz) ---------------------------------------------------------------

@@ -1,0 +1,75 @@
+"""`fleetgate status` in words: each part of the document `--json` prints, said plainly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller.service.status import status_lines
+
+
+def doc(summary: dict[str, Any] | None, **over: Any) -> dict[str, Any]:
+    st: dict[str, Any] = {
+        "provider": "vast", "rules": "abc123", "paused": False,
+        "last_tick": None if summary is None else {"id": 12, "started_at": 0.0,
+                                                   "summary": summary},
+        "instances": 3, "by_stage": {"running": 2, "params": 1}, "spend_per_h": 1.5,
+        "demand": {"all": {"pending": (summary or {}).get("pending"),
+                           "running": (summary or {}).get("running_tasks")}},
+        "foreign": (summary or {}).get("foreign", []), "pending_escalations": 1,
+        "leader": {"live": True, "holder": "vm:1", "token": 4, "expires_in_s": 41.6},
+    }  # fmt: skip
+    return st | over
+
+
+def queue(task: str, pending: int, running: int, ahead: float | None = None) -> dict[str, Any]:
+    q: dict[str, Any] = {"task": task, "pending": pending, "running": running,
+                         "oldest_pending_s": 0.0}  # fmt: skip
+    if ahead is not None:
+        q |= {"forecast_pending": ahead, "forecast_horizon_s": 1740.0}
+    return q
+
+
+def test_a_tick_that_acted_says_what_became_of_its_decisions_and_its_sensors() -> None:
+    summary = {"act": 2, "veto": 1, "doubts": 1, "escalated": 1, "instances": 3, "pending": 5,
+               "running_tasks": 3, "spend_per_h": 1.5,
+               "sensors": {"provider": "ok", "demand": "stale"},
+               "demand": [queue("PoRep", 4, 2, 5.5), queue("WinPost", 0, 0, 0.0),
+                          queue("all", 5, 3, 7.25), queue("WdPost", 1, 1, 1.75)],
+               "foreign": [{"id": "777", "label": "", "status": "stopped"}]}  # fmt: skip
+    lines = status_lines(doc(summary))
+    assert lines[1] == ("last tick #12 at 1970-01-01 00:00:00: decisions 2 acted on, 1 vetoed; "
+                        "1 doubts, 1 escalated; sensors demand stale, provider ok")  # fmt: skip
+    assert lines[2] == "instances 3 (params 1, running 2), spend $1.5/h"
+    # the total first, then each task with anything queued or expected (WinPost has neither)
+    assert lines[3] == ("demand, pending/running (forecast of the two together in 29 min): "
+                        "all 5/3 (7.2), PoRep 4/2 (5.5), WdPost 1/1 (1.8)")  # fmt: skip
+    assert lines[4] == "not fleetgate's (left alone): 777 (no label, stopped)"
+    assert lines[5:] == ["pending escalations: 1", "leader: vm:1 (token 4, lease 42 s left)"]
+
+
+def test_a_held_tick_says_why_it_acted_on_nothing() -> None:
+    summary = {"held": "the clock jumped 3600 s ahead", "escalated": 1, "instances": 3,
+               "pending": 0}  # fmt: skip
+    lines = status_lines(doc(summary))
+    assert lines[1].endswith(": held, acting on nothing: the clock jumped 3600 s ahead "
+                             "(1 escalated)")  # fmt: skip
+    assert lines[3] == "demand: all 0 pending/- running"  # a held tick counts no running task
+
+
+def test_a_quiet_tick_and_a_journal_with_no_tick_yet() -> None:
+    quiet = status_lines(doc({"doubts": 0, "escalated": 0, "pending": 0, "running_tasks": 0,
+                              "demand": [queue("all", 0, 0)]}))  # fmt: skip
+    assert quiet[1].endswith(": decisions none; 0 doubts, 0 escalated")
+    assert quiet[3] == "demand, pending/running: all 0/0"
+    fresh = status_lines(
+        doc(
+            None,
+            spend_per_h=None,
+            instances=0,
+            by_stage={},
+            leader={"live": False, "holder": None, "token": None},
+        )
+    )
+    assert fresh[1] == "instances 0 (none), spend -"
+    assert fresh[2] == "demand: not read yet"
+    assert fresh[-1] == "leader: none"
