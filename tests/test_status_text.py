@@ -33,14 +33,14 @@ def test_a_tick_that_acted_says_what_became_of_its_decisions_and_its_sensors() -
     summary = {"act": 2, "veto": 1, "doubts": 1, "escalated": 1, "instances": 3, "pending": 5,
                "running_tasks": 3, "spend_per_h": 1.5,
                "sensors": {"provider": "ok", "demand": "stale"},
-               "demand": [queue("PoRep", 4, 2, 5.5), queue("WinPost", 0, 0, 0.0),
+               "demand": [queue("PoRep", 4, 2, 5.5), queue("WinPost", 0, 0, 0.04),
                           queue("all", 5, 3, 7.25), queue("WdPost", 1, 1, 1.75)],
                "foreign": [{"id": "777", "label": "", "status": "stopped"}]}  # fmt: skip
     lines = status_lines(doc(summary))
     assert lines[1] == ("last tick #12 at 1970-01-01 00:00:00: decisions 2 acted on, 1 vetoed; "
                         "1 doubts, 1 escalated; sensors demand stale, provider ok")  # fmt: skip
     assert lines[2] == "instances 3 (params 1, running 2), spend $1.5/h"
-    # the total first, then each task with anything queued or expected (WinPost has neither)
+    # the total first, then each task with anything queued or expected (WinPost: 0.04 shows as 0)
     assert lines[3] == ("demand, pending/running (forecast of the two together in 29 min): "
                         "all 5/3 (7.2), PoRep 4/2 (5.5), WdPost 1/1 (1.8)")  # fmt: skip
     assert lines[4] == "not fleetgate's (left alone): 777 (no label, stopped)"

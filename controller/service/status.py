@@ -118,7 +118,8 @@ def _demand_words(st: dict[str, Any], summary: dict[str, Any]) -> str:
     shown, horizons = [], set()
     for q in queues:
         ahead = q.get("forecast_pending")
-        if not (q.get("pending") or q.get("running") or ahead) and q.get("task") != "all":
+        expected = ahead is not None and round(float(ahead), 1) > 0  # as shown, to 0.1
+        if not (q.get("pending") or q.get("running") or expected) and q.get("task") != "all":
             continue
         text = f"{q.get('task')} {q.get('pending')}/{q.get('running')}"
         if ahead is not None:
