@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from controller.core.actions import ActionName, descriptor
+from controller.core.brief import brief
 from controller.core.matches import Match
 from controller.core.model import Decision, Proposal
 from controller.core.policy import DecideSettings, Gate
@@ -269,7 +270,7 @@ def decide(
                 Doubt(
                     kind,
                     p.target,
-                    f"{p.proposer} proposes {p.action} {_brief(p.params)}: {d.why}",
+                    f"{p.proposer} proposes {p.action} {brief(p.params)}: {d.why}",
                     key={"action": p.action},
                     proposals=(p,),
                 )
@@ -285,7 +286,3 @@ def decide(
         )
     )
     return Decided(tuple(decisions), tuple(doubts), ids)
-
-
-def _brief(params: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in params.items())

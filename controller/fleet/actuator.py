@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from controller.core.actions import descriptor
+from controller.core.brief import brief
 from controller.core.model import Decision
 from controller.core.policy import Guards
 from controller.core.track import History
@@ -71,10 +72,10 @@ class Actuator:
             "action #%d %s %s by %s: %s %s",
             job.action_id,
             d.effective_action,
-            _brief(job.params),
+            brief(job.params),
             d.proposal.proposer,
             outcome.status,
-            _brief(outcome.result),
+            brief(outcome.result),
         )
         return outcome
 
@@ -175,7 +176,3 @@ class Actuator:
 def launch_label(tick_id: int, action_id: int, n: int) -> str:
     """Unique per launch: the tick, the action row, the ordinal and a random suffix."""
     return f"fg-{tick_id}-{action_id}-{n}-{secrets.token_hex(3)}"
-
-
-def _brief(d: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in d.items())

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from controller.core.brief import brief
 from controller.core.decide import Doubt
 from controller.core.model import Decision
 from controller.core.reconcile import Book, repeated, veto_key
@@ -160,10 +161,6 @@ def _refused(d: Decision) -> Doubt:
         proposals=(p,),
         people_only=True,
     )
-
-
-def brief(params: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in params.items())
 
 
 def _clock(now: float) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from controller.core.brief import brief
 from controller.rules.durations import show_duration
 from controller.rules.rulebook import RulesError
 from controller.rules.ruletest import run_files
@@ -35,10 +36,6 @@ def _ts(t: float | None) -> str:
     if t is None:
         return "-"
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _brief(d: dict[str, Any] | None) -> str:
-    return " ".join(f"{k}={v}" for k, v in (d or {}).items())
 
 
 def check(args: argparse.Namespace, config: Config) -> int:
@@ -158,8 +155,7 @@ def explain(app: App, as_json: bool) -> int:
     print("\nplan:")
     for d in doc["plan"]:
         print(
-            f"  {d['verdict']:<10} {d['action']} {_brief(d['params'])} "
-            f"← {d['proposer']}: {d['why']}"
+            f"  {d['verdict']:<10} {d['action']} {brief(d['params'])} ← {d['proposer']}: {d['why']}"
         )
     if not doc["plan"]:
         print("  (nothing to do)")
@@ -175,7 +171,7 @@ def print_actions(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         print(
             f"#{r['id']:<5} {_ts(r['at'])} {r['verdict']:<10} {r['status']:<8} {r['action']:<14} "
-            f"{_brief(r['params']):<28} ← {r['proposer']}: {r['why']}"
+            f"{brief(r['params']):<28} ← {r['proposer']}: {r['why']}"
         )
     if not rows:
         print("(no actions)")
@@ -206,7 +202,7 @@ def escalations(app: App, args: argparse.Namespace, by: str) -> int:
     )
     app.controller.escalator.closed(args.id)
     print(
-        f"escalation #{args.id} approved by {by}: {answer['action']} {_brief(answer['params'])} "
+        f"escalation #{args.id} approved by {by}: {answer['action']} {brief(answer['params'])} "
         "runs through the guards on the next tick"
     )
     return 0
