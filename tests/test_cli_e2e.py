@@ -103,6 +103,13 @@ def test_explain_shows_rules_and_plan_and_changes_nothing(run400: tuple[Path, Pa
     before = db.execute(count).fetchone()
     text = fg("--config", str(cfg), "--state", str(state), "explain").stdout
     assert "matching rules:" in text and "plan:" in text and "would escalate:" in text
+    # the fields rules use, as a rules file writes them (true/false, not Python's True/False)
+    lines = text.splitlines()
+    total = next(line for line in lines if line.startswith("  demand   demand:all "))
+    assert "oldest_pending_s=" in total and "forecast_pending=" in total, total
+    instances = [line for line in lines if line.startswith("  instance ")]
+    assert instances and all("idle_for_s=" in line and "drained=" in line for line in instances)
+    assert not any(word in text for word in ("=True", "=False")), text
     doc = json.loads(fg("--config", str(cfg), "--state", str(state), "explain", "--json").stdout)
     assert {"facts", "matches", "plan", "escalations"} <= set(doc)
     assert any(f["kind"] == "fleet" for f in doc["facts"])

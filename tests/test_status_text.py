@@ -1,4 +1,4 @@
-"""`fleetgate status` in words: each part of the document `--json` prints, said plainly."""
+"""`fleetgate status` in words, and the facts `explain` shows: each part said plainly."""
 
 from __future__ import annotations
 
@@ -73,3 +73,12 @@ def test_a_quiet_tick_and_a_journal_with_no_tick_yet() -> None:
     assert fresh[1] == "instances 0 (none), spend -"
     assert fresh[2] == "demand: not read yet"
     assert fresh[-1] == "leader: none"
+
+
+def test_explain_shows_only_fields_rules_can_name() -> None:
+    from controller.core.facts import FIELDS
+    from controller.service.commands import EXPLAIN_FIELDS
+
+    assert set(EXPLAIN_FIELDS) == set(FIELDS)
+    for kind, names in EXPLAIN_FIELDS.items():
+        assert set(names) <= FIELDS[kind], (kind, set(names) - FIELDS[kind])

@@ -111,6 +111,28 @@ def explain_doc(p: Planned) -> dict[str, Any]:
     }
 
 
+# What `explain` shows of each fact, in this order (a field a fact lacks is left out).
+EXPLAIN_FIELDS: dict[str, tuple[str, ...]] = {
+    "instance": ("status", "stage", "daemon", "sidecar", "tasks_running", "idle_for_s",
+                 "stage_age_s", "restarts_1h", "drained", "parked", "host_rate", "dph"),
+    "demand": ("task", "pending", "running", "oldest_pending_s", "forecast_pending",
+               "forecast_instances", "task_s", "backlog_slots"),
+    "fleet": ("instances", "active", "serving", "booting", "drained", "parked", "pending",
+              "running_tasks", "spend_per_h"),
+    "sensor": ("state", "detail"),
+}  # fmt: skip
+
+
+def _as_in_rules(value: Any) -> str:
+    """A fact's value as a rules file writes it: true/false, "" for empty text, numbers to
+    three decimals."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{round(value, 3):g}"
+    return '""' if value == "" else str(value)
+
+
 def explain(app: App, as_json: bool) -> int:
     planned = app.controller.plan(app.controller.clock())
     doc = explain_doc(planned)
@@ -121,24 +143,11 @@ def explain(app: App, as_json: bool) -> int:
         f"now {_ts(planned.now)}: {len(planned.facts)} facts, "
         f"rules {app.controller.rules.book.digest}"
     )
-    print("\nfacts:")
+    print("\nfacts (the fields rules use most; --json has every field):")
     for f in planned.facts:
-        keys = (
-            "status",
-            "stage",
-            "daemon",
-            "sidecar",
-            "tasks_running",
-            "stage_age_s",
-            "restarts_1h",
-            "pending",
-            "running",
-            "instances",
-            "active",
-            "state",
-            "task",
-        )
-        print(f"  {f['kind']:<8} {f['id']:<18} " + " ".join(f"{k}={f[k]}" for k in keys if k in f))
+        keys = EXPLAIN_FIELDS.get(str(f["kind"]), ())
+        shown = " ".join(f"{k}={_as_in_rules(f[k])}" for k in keys if k in f)
+        print(f"  {f['kind']:<8} {f['id']:<18} {shown}")
     print("\nmatching rules:")
     rules = [m for m in planned.matches if m.rule]
     for m in rules:
