@@ -26,7 +26,7 @@ from controller.fleet.base import SensorError, StaleReading
 from controller.fleet.curio import CurioDemand, CurioSettings
 from controller.sim import SimConfig, Simulation
 from controller.sim.addresses import curio_node, operator_node
-from controller.sim.curio_rows import SimCurio, UnknownQuery
+from controller.sim.curio_rows import TEXTS_CACHED, SimCurio, UnknownQuery
 
 DSN = os.environ.get("FLEETGATE_TEST_PG_DSN", "host=127.0.0.1 port=5432 dbname=test user=postgres")
 # every stage takes a fixed time: an instance launched at t serves from t + 450 s
@@ -207,6 +207,19 @@ def test_drain_and_undrain_change_the_world(fleet: Fleet) -> None:
     assert [m.unschedulable for m in curio.machines()][:3] == [True, False, False]
     assert Simulation.from_json(sim.to_json()).world.drained_operators == {1}
     assert curio.undrain(1) == 1 and sim.world.drained_operators == set()
+
+
+def test_a_long_run_of_drains_keeps_only_a_few_query_texts(fleet: Fleet) -> None:
+    """A drain's query is composed anew each time: the rows' text cache stays bounded (a
+    simulator left running, as `make run` does, would otherwise keep every one it sent)."""
+    sim = fleet.sim
+    rows = SimCurio.of(sim)
+    curio = CurioDemand(settings(allow_drain=True), connect=rows.connect)
+    node = fleet.serving[0]
+    for _ in range(100):
+        assert curio.drain(int(node)) == 1 and curio.undrain(int(node)) == 1
+    assert sim.world.get(node).drained is False
+    assert 0 < len(rows._texts) <= TEXTS_CACHED
 
 
 @pytest.mark.parametrize("which", ["unknown", "launched", "booting"])

@@ -59,6 +59,7 @@ Kind = Literal[
     "timeout", "demand", "machines", "liveness", "timings", "set id", "set host_and_port"
 ]
 
+TEXTS_CACHED = 64  # rendered query texts kept (the sensor has a handful of fixed queries)
 # CurioDemand._transaction sends this one as plain text, not from a template
 _TIMEOUT = "SELECT set_config('statement_timeout', %s, true)"
 
@@ -128,13 +129,16 @@ class SimCurio:
     # --- the queries
 
     def _text(self, query: object) -> object:
-        """The SQL text of a query; a composed one is rendered once (the sensor reuses them)."""
+        """The SQL text of a query; a composed one is rendered once (the sensor reuses its
+        fixed queries; at most TEXTS_CACHED are kept, so a long run holds no query it sent)."""
         if not isinstance(query, sql.Composable):
             return query
         cached = self._texts.get(id(query))
         if cached is not None and cached[0] is query:
             return cached[1]
         text = query.as_string(None)
+        if len(self._texts) >= TEXTS_CACHED:  # a drain's query is composed anew each time
+            self._texts.clear()
         self._texts[id(query)] = (query, text)
         return text
 
