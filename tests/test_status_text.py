@@ -1,4 +1,4 @@
-"""`fleetgate status` in words, and the facts `explain` shows: each part said plainly."""
+"""`fleetgate status`, the facts `explain` shows and `escalations show`: each said plainly."""
 
 from __future__ import annotations
 
@@ -82,3 +82,36 @@ def test_explain_shows_only_fields_rules_can_name() -> None:
     assert set(EXPLAIN_FIELDS) == set(FIELDS)
     for kind, names in EXPLAIN_FIELDS.items():
         assert set(names) <= FIELDS[kind], (kind, set(names) - FIELDS[kind])
+
+
+def escalation(status: str, answer: Any, by: str | None = "operator") -> dict[str, Any]:
+    return {
+        "id": 7, "status": status, "kind": "unmatched", "subject": "instance:10004",
+        "summary": "instance 10004 is outside the declared steady state", "created_at": 0.0,
+        "deadline": 1800.0, "answered_by": by, "answered_at": 600.0, "answer": answer,
+        "default_action": {"action": "hold", "params": {"reason": "no answer"}},
+        "deliveries": [], "llm_calls": [], "actions": [], "outbox": [],
+    }  # fmt: skip
+
+
+def test_escalations_show_says_the_default_and_the_answer_as_actions() -> None:
+    from controller.service.offline import render_escalation
+
+    def lines(esc: dict[str, Any]) -> list[str]:
+        return render_escalation(esc, lambda t: "-" if t is None else f"t{t:g}")
+
+    approved = {"action": "replace", "params": {"instance": "10004", "block_host": True},
+                "override": ["max_launches_per_hour"]}  # fmt: skip
+    first = lines(escalation("approved", approved))
+    assert first[2] == "  raised t0, deadline t1800, default hold reason=no answer"
+    assert first[3] == ("  answered by operator at t600: replace instance=10004 block_host=True "
+                        "(overriding max_launches_per_hour)")  # fmt: skip
+    note = {"note": "the situation no longer holds"}
+    resolved = lines(escalation("resolved", note, "controller"))
+    assert resolved[3] == "  answered by controller at t600: the situation no longer holds"
+    assert lines(escalation("denied", None))[3] == "  answered by operator at t600: denied"
+    expired = lines(escalation("expired", None, "deadline"))
+    assert expired[3] == ("  answered by deadline at t600: none before the deadline (the default "
+                          "action applies)")  # fmt: skip
+    assert not any("{'" in line for line in first + resolved + expired)
+    assert len(lines(escalation("pending", None, None))) == 4  # no answer line yet

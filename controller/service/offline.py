@@ -26,6 +26,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
+from controller.core.brief import brief
 from controller.core.fields import RESOLVER
 from controller.rules.rulebook import RulesError
 from controller.rules.source import read_rulebook
@@ -167,17 +168,42 @@ def escalation_doc(journal: Journal, esc_id: int) -> dict[str, Any] | None:
     return esc
 
 
+def _action_words(action: Any) -> str:
+    """An action as `name key=value ...` (a default action, an approved answer)."""
+    if isinstance(action, dict) and action.get("action"):
+        return f"{action['action']} {brief(action.get('params') or {})}".rstrip()
+    return str(action)
+
+
+def _answer_words(esc: dict[str, Any]) -> str:
+    """What the answer was: the action it approved, the note that closed it, or what its
+    status says when it carries none (a denial; a deadline, after which the default ran)."""
+    answer = esc.get("answer")
+    if isinstance(answer, dict) and answer.get("action"):
+        overrides = answer.get("override")
+        return _action_words(answer) + (f" (overriding {', '.join(overrides)})"
+                                        if overrides else "")  # fmt: skip
+    if isinstance(answer, dict) and answer.get("note"):
+        return str(answer["note"])
+    if answer:
+        return brief(answer) if isinstance(answer, dict) else str(answer)
+    return {
+        "expired": "none before the deadline (the default action applies)",
+        "denied": "denied",
+    }.get(str(esc.get("status")), "-")
+
+
 def render_escalation(esc: dict[str, Any], ts: Callable[[float | None], str]) -> list[str]:
     """`escalations show ID` as text: the escalation, then its trail."""
     out = [
         f"escalation #{esc['id']} {esc['status']}: {esc['kind']} {esc['subject']}",
         f"  {esc['summary']}",
         f"  raised {ts(esc['created_at'])}, deadline {ts(esc['deadline'])}, "
-        f"default {esc['default_action']}",
+        f"default {_action_words(esc['default_action'])}",
     ]
     if esc.get("answered_by"):
         out.append(f"  answered by {esc['answered_by']} at {ts(esc.get('answered_at'))}: "
-                   f"{esc.get('answer')}")  # fmt: skip
+                   f"{_answer_words(esc)}")  # fmt: skip
     for d in esc["deliveries"]:
         out.append(f"  delivery {ts(d['at'])} {d['channel']}: {'ok' if d['ok'] else 'failed'}"
                    + (f" ({d['detail']})" if d.get("detail") else ""))  # fmt: skip
