@@ -273,6 +273,17 @@ def test_deny_through_the_form(deck: Deck) -> None:
     assert not deck.app.journal.actions.actions_for_escalation(esc["id"])
 
 
+def test_an_escalation_the_controller_closed_shows_why(deck: Deck) -> None:
+    esc = deck.tick_until_pending()
+    note = {"note": "the situation no longer holds"}  # as the router closes one
+    assert deck.app.journal.escalations.answer(
+        esc["id"], status="resolved", by="controller", now=deck.app.controller.clock(), answer=note
+    )
+    s = deck.sign_in()
+    page = text(get(s, f"{deck.base}/escalations/{esc['id']}").text)
+    assert "Closed: the situation no longer holds" in page and "Answer:" not in page, page
+
+
 def test_a_public_https_url_makes_the_cookie_secure_and_is_an_allowed_origin(
     tmp_path: Path,
 ) -> None:
