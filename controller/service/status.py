@@ -14,6 +14,7 @@ from controller.service import autonomy
 from controller.store import lease
 from controller.store.aggregate import loads
 from controller.store.journal import Journal
+from escalation.router import STANDING
 
 
 def status_doc(journal: Journal, *, now: float, provider: str, paused: bool, rules: Any,
@@ -40,10 +41,27 @@ def status_doc(journal: Journal, *, now: float, provider: str, paused: bool, rul
             "all": {"pending": summary.get("pending"), "running": summary.get("running_tasks")}
         },  # fmt: skip
         "pending_escalations": len(journal.escalations.recent(status="pending")),
+        "unanswered": unanswered(journal),
         "leader": lease.read(journal, ttl_s=ttl_s).as_dict(),
         "sim": sim,
         "autonomy": autonomy.status_part(journal),  # the track record: suggestions, demotions
     }
+
+
+def unanswered(journal: Journal) -> list[dict[str, Any]]:
+    """The situations that still hold after their last escalation ended without fixing them
+    (it expired, was denied, or its action did not clear them), and why none is raised now:
+    not pending, yet not over. Oldest first."""
+    standing = journal.meta.get(STANDING, None) or {}
+    out = []
+    for entry in standing.values():
+        last = journal.escalations.escalation(int(entry["last"]))
+        if last is None or last["status"] in ("pending", "approved", "resolved"):
+            continue  # waiting on people, about to act, or over
+        out.append({"escalation": int(last["id"]), "subject": last["subject"],
+                    "status": last["status"], "asks": int(entry["asks"]),
+                    "since": float(entry["since"]), "why": entry.get("why", "")})  # fmt: skip
+    return sorted(out, key=lambda u: (u["since"], u["escalation"]))
 
 
 # ---- in words (`fleetgate status` without --json) ----------------------------------------
@@ -70,6 +88,10 @@ def status_lines(st: dict[str, Any]) -> list[str]:
                           for f in foreign)  # fmt: skip
         lines.append(f"not fleetgate's (left alone): {shown}")
     lines.append(f"pending escalations: {st['pending_escalations']}")
+    for u in st.get("unanswered", []):
+        lines.append(f"still holds, not asked now: {u['subject']} (asked {u['asks']} "
+                     f"time{'s' if u['asks'] != 1 else ''} since {_when(u['since'])}: "
+                     f"{u['why']})")  # fmt: skip
     for line in [s["text"] for s in st.get("autonomy", {}).get("suggestions", [])]:
         lines.append(f"autonomy suggestion: {line}")
     for d in st.get("autonomy", {}).get("demoted", []):

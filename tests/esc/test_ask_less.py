@@ -24,6 +24,7 @@ from controller.core.matches import Match
 from controller.core.model import Proposal
 from controller.rules.source import shipped_rules
 from controller.service.cli import main
+from controller.service.status import status_doc, status_lines
 from controller.store.journal import Journal
 from escalation.llm import LLMClient, LLMInvalidAnswer, LLMSettings, MemoryUsage
 from escalation.llm_request import ESCALATE, offered_actions
@@ -144,6 +145,30 @@ class Ticks:
     def outcome(self, esc_id: int) -> str:
         [job] = [j for j in self.esc.jobs.jobs(esc_id) if j["kind"] == "read_and_deliver"]
         return str(job["outcome"])
+
+
+def test_status_names_a_situation_that_still_holds_when_no_escalation_is_pending(
+    journal: Journal, reader: LLMClient
+) -> None:
+    def status(now: float) -> list[str]:
+        st = status_doc(journal, now=now, provider="sim", paused=False, rules="r", ttl_s=60,
+                        sim=None)  # fmt: skip
+        return [line for line in status_lines(st) if "escalation" in line or "still" in line]
+
+    tick = Ticks(journal, reader)
+    d = doubt_of(frozen())
+    tick(T0, d)
+    assert status(T0 + 60) == ["pending escalations: 1"]  # waiting on people: pending says so
+    tick.expire(1, T0 + DEADLINE)
+    tick(T0 + DEADLINE + 60, d)  # the default left it frozen; the window keeps it quiet
+    assert status(T0 + DEADLINE + 60) == [
+        "pending escalations: 0",
+        "still holds, not asked now: instance:10007 (asked 1 time since 2026-01-01 00:00:00: "
+        "escalation #1 expired and its default (hold) did not resolve it; the dedup window "
+        "(3600 s) has not passed)",
+    ]
+    tick(T0 + DEADLINE + 120)  # it cleared: nothing stands
+    assert status(T0 + DEADLINE + 120) == ["pending escalations: 0"]
 
 
 def test_an_unanswered_situation_is_asked_twice_then_not_until_it_changes(
