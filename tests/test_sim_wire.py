@@ -17,6 +17,7 @@ from controller.fleet.vast import VastProvider
 from controller.service.app import App, status
 from controller.service.assemble import assemble
 from controller.service.config import Config
+from controller.service.fleet_path import Launched
 from controller.store.records import LifecycleStore
 
 WORLD = {"boot_s": [30, 30], "pull_s": [30, 30], "register_s": [20, 20],
@@ -102,3 +103,37 @@ def test_an_account_of_more_than_ten_thousand_instances_is_listed_whole() -> Non
     client = VastClient(settings, session, clock=sim.now, sleep=lambda s: None)
     listed = VastProvider(client, settings).list_instances()
     assert len(listed) == 10_001 and api.calls["list"] == 401
+
+
+def test_launches_of_instances_long_gone_are_forgotten_and_every_live_one_stays_owned(
+    tmp_path: Path,
+) -> None:
+    """Every label shows empty in vast's listing (the account's view): the launches the journal
+    holds are all that make an instance fleetgate's. Instances that went more than a day ago
+    leave that map, in service and on a restart; every live one stays in it."""
+    world = {**WORLD, "empty_label_fraction": 1.0, "busy_s": 7200, "quiet_s": 7200}
+    config = Config.model_validate({"sim": {"world": world, "seconds_per_tick": 300},
+                                    "escalation": {"channels": []}})  # fmt: skip
+    state = tmp_path / "state"
+    app = assemble(config, state=state, clock=time.time, sleep=time.sleep)
+    for _ in range(480):  # 40 h of virtual time
+        app.controller.tick()
+    fleet = app.controller.provider
+    assert isinstance(fleet, RealFleet)
+    launched = fleet.launched()
+    ever = {r[1] for r in app.journal.actions.launched_after(0)}
+    live = {i.id for i in app.sim.world.live_instances()}
+    gone_long_ago = app.journal.fleet.gone_before(app.sim.now() - Launched.FORGET_AFTER_S)
+    assert len(ever) > 2 * len(live) and gone_long_ago  # the world churned
+    assert live <= set(launched) and not set(launched) & gone_long_ago
+    assert {i.id for i in fleet.list_instances()} == live  # each one fleetgate's, by launch alone
+    assert all(f["id"] not in live for f in status(app)["foreign"])
+    app.controller.after_tick()  # save the world, as `run` does after every tick
+    app.close()
+
+    again = assemble(config, state=state, clock=time.time, sleep=time.sleep)
+    fleet = again.controller.provider
+    assert isinstance(fleet, RealFleet)
+    listed = {i.id for i in fleet.list_instances()}
+    assert listed == live and not set(fleet.launched()) & gone_long_ago
+    again.close()

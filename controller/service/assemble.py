@@ -37,7 +37,7 @@ from controller.service.app import App, decide_settings
 from controller.service.channels import ChannelSeams, build_channels
 from controller.service.config import Config, rules_paths
 from controller.service.config_errors import ConfigError, building
-from controller.service.fleet_path import real_fleet, sim_settings, vast_settings
+from controller.service.fleet_path import on_gone, real_fleet, sim_settings, vast_settings
 from controller.service.tick import Controller
 from controller.sim import SimConfig, Simulation
 from controller.sim.agents import AgentSettings
@@ -158,7 +158,7 @@ def _vast(p: Parts) -> App:
     fleet, curio, store, actions = real_fleet(settings, p.journal, p.clock, seams)
     controller = Controller(
         journal=p.journal, provider=fleet, demand=curio, rules=p.rules, settings=p.settings,
-        escalator=p.escalator, clock=p.clock, actions=actions, on_gone=actions.gone,
+        escalator=p.escalator, clock=p.clock, actions=actions, on_gone=on_gone(fleet, actions),
         debounce=settings.debounce,
     )  # fmt: skip
     return App(c, p.state, p.journal, controller, lifecycle=store, dry=p.dry, closers=p.closers)
@@ -182,7 +182,8 @@ def _sim(p: Parts) -> App:
     controller = Controller(
         journal=journal, provider=fleet, demand=curio, rules=p.rules, settings=p.settings,
         escalator=p.escalator, clock=sim.now, before_tick=lambda: wire.before_tick(step),
-        after_tick=save, actions=actions, on_gone=actions.gone, debounce=settings.debounce,
+        after_tick=save, actions=actions, on_gone=on_gone(fleet, actions),
+        debounce=settings.debounce,
     )  # fmt: skip
     app = App(c, p.state, journal, controller, sim, store, wire, dry=p.dry, closers=p.closers)
     app.closers.append(wire.seams.session.close)

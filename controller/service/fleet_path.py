@@ -9,6 +9,7 @@ Nothing here reads the clock or sleeps: both come in with the wire.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -85,18 +86,53 @@ def sim_settings(world: Mapping[str, Any] | None = None) -> FleetSettings:
 
 class Launched:
     """Instance id -> launch label of every launch that rented, read from the journal once and
-    then only what is new (the instances fleetgate owns, whatever label vast shows)."""
+    then only what is new (the instances fleetgate owns, whatever label vast shows).
 
-    def __init__(self, journal: Journal) -> None:
+    An instance that went (`gone`: destroyed, or confirmed gone by vast; vast never reuses an
+    id) is forgotten `FORGET_AFTER_S` later, and one that went that long before the journal is
+    first read is not read: the map holds the live instances and a day's departures, not
+    every launch since the journal began."""
+
+    FORGET_AFTER_S = 86_400.0
+
+    def __init__(self, journal: Journal, clock: Callable[[], float]) -> None:
         self._journal = journal
+        self._clock = clock
         self._after = 0
         self._ids: dict[str, str] = {}
+        self._gone: deque[tuple[float, str]] = deque()  # (when, id), oldest first
+        self._skip: set[str] | None = None  # read once: went long before the first read
 
     def __call__(self) -> dict[str, str]:
+        now = self._clock()
+        if self._skip is None:
+            self._skip = self._journal.fleet.gone_before(now - self.FORGET_AFTER_S)
         for action_id, instance_id, label in self._journal.actions.launched_after(self._after):
-            self._ids[instance_id] = label
+            if instance_id not in self._skip:
+                self._ids[instance_id] = label
             self._after = action_id
+        self._skip = set()  # what is read from now on was launched since: none went long ago
+        while self._gone and self._gone[0][0] <= now - self.FORGET_AFTER_S:
+            self._ids.pop(self._gone.popleft()[1], None)
         return self._ids
+
+    def gone(self, instance_id: str) -> None:
+        """The instance went: forget it `FORGET_AFTER_S` from now."""
+        if instance_id in self._ids:
+            self._gone.append((self._clock(), instance_id))
+
+
+def on_gone(fleet: RealFleet, actions: FleetActions) -> Callable[[str], None]:
+    """What the controller does when an instance went: its agent's records are dropped, and
+    its launch is forgotten a day later."""
+
+    def gone(instance_id: str) -> None:
+        actions.gone(instance_id)
+        forget = getattr(fleet.launched, "gone", None)
+        if forget is not None:
+            forget(instance_id)
+
+    return gone
 
 
 def real_fleet(
@@ -121,7 +157,7 @@ def real_fleet(
 
     fleet = RealFleet(vast=vast, lifecycle=store, curio=curio, check_health=check_health,
                       clock=clock, sidecar_stale_s=inst.sidecar_stale_s,
-                      launched=Launched(journal))  # fmt: skip
+                      launched=Launched(journal, clock))  # fmt: skip
     actions = FleetActions(vast=vast, lifecycle=store, curio=curio, clock=clock,
                            command_deadline_s=inst.command_deadline_s)  # fmt: skip
     return fleet, curio, store, actions

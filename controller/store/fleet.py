@@ -177,6 +177,13 @@ CREATE TABLE IF NOT EXISTS hosts (
                          f"at >= ? AND instance_id IN ({marks})", (since, *ids))  # fmt: skip
         return {str(r["instance_id"]) for r in rows}
 
+    def gone_before(self, before: float) -> set[str]:
+        """The instances that went (destroyed, or confirmed gone by the provider) before
+        `before`, as far as the journal still holds their events."""
+        rows = self._all("SELECT DISTINCT instance_id FROM events WHERE kind = 'gone' AND at < ?",
+                         (before,))  # fmt: skip
+        return {str(r["instance_id"]) for r in rows}
+
     # ---- hosts -----------------------------------------------------------------------------
     def block_host(self, machine_id: str, until: float, reason: str) -> None:
         with self.tx() as db:

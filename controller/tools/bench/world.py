@@ -31,7 +31,7 @@ from controller.fleet.instance_api import InstanceService
 from controller.rules.source import RulesSource
 from controller.service.app import decide_settings
 from controller.service.config import Config
-from controller.service.fleet_path import real_fleet, sim_settings
+from controller.service.fleet_path import on_gone, real_fleet, sim_settings
 from controller.service.tick import Controller
 from controller.sim import SimConfig, Simulation
 from controller.sim.agents import AgentSettings
@@ -302,7 +302,7 @@ def sim_controller(config: Config, n: int, journal: Journal,
     bench = SimBench(config, n, journal, lambda: clock[0])
     fleet = bench.fleet
     c = Controller(provider=fleet, demand=bench.curio, clock=bench.sim.now,
-                   actions=bench.actions, on_gone=bench.actions.gone,
+                   actions=bench.actions, on_gone=on_gone(fleet, bench.actions),
                    debounce=sim_settings(config.sim.world).debounce,
                    **_parts(config, n, journal, bench.spend))  # fmt: skip
     return c, bench
