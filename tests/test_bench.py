@@ -19,10 +19,13 @@ from controller.fleet.vast import VastProvider
 from controller.service import plan as loop
 from controller.service.cli import main
 from controller.service.config import Config
+from controller.sim import SimConfig, Simulation, curio_rows, vast_api
+from controller.sim import vast_views as views
 from controller.sim.wire import VAST_URL
 from controller.store.journal import Journal
-from controller.tools.bench.soak import ChurningFleet
+from controller.tools.bench.soak import ChurningFleet, forget_world_records, soak_world
 from controller.tools.bench.tick import (
+    _T0,
     PHASES,
     REAL_PHASES,
     WORLD_PHASES,
@@ -191,10 +194,48 @@ def test_the_churning_fleet_replaces_churn_instances_per_tick_and_obeys_actions(
     assert now[down.id].daemon == "up" and gone not in now and now[new].label == "fg-x"
 
 
-def test_bench_soak_samples_memory_over_many_ticks(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "soak", "--ticks", "40", "--instances", "50", "--sample-every", "20",
+def test_bench_soak_runs_the_controller_run_builds_on_a_world_that_churns(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["bench", "soak", "--ticks", "90", "--instances", "20", "--sample-every", "30",
                  "--json"]) == 0  # fmt: skip
     doc = json.loads(capsys.readouterr().out)
+    assert doc["path"] == "real"  # the production fleet path unless told otherwise
+    assert [s["tick"] for s in doc["samples"]] == [30, 45, 60, 90]  # warm-up: half, at most
+    assert doc["warmup_ticks"] == 45 and doc["days"] == round(90 * 60 / 86_400, 2)
+    assert doc["rss_start_mb"] > 10 and doc["rss_end_mb"] > 10
+    # the simulated world rents, fails and gives back instances under the controller's actions
+    assert doc["instances_seen"] >= 20 and doc["tasks_completed"] > 0
+    assert max(s["live_instances"] for s in doc["samples"]) <= 20  # the cap the world is sized to
+    assert doc["samples"][-1]["launched"] == doc["instances_seen"]
+    assert all(s["journal_mb"] > 0 and s["median_tick_ms"] > 0 for s in doc["samples"])
+    assert set(doc["escalations_answered"]) == {"approved", "denied"}
+
+
+def test_bench_soak_refuses_churn_on_the_real_path(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "soak", "--ticks", "5", "--churn", "3"]) == 2
+    assert "--churn is for --path synthetic" in capsys.readouterr().err
+
+
+def test_the_soak_forgets_the_simulators_records_and_caches_at_each_sample() -> None:
+    config = soak_world(Config(), 10)
+    sim = Simulation(SimConfig.model_validate(config.sim.world), seed=1, start=_T0)
+    sim.world.counters.waits.extend([1.0, 2.0])
+    vast_api._TEXTS[1] = ({}, "{}")
+    views._row("10001", next(iter(sim.world.machines.values())), "fg-1", "running", "", _T0)
+    assert views._row.cache_info().currsize > 0
+    forget_world_records(sim)
+    assert sim.world.counters.waits == [] and vast_api._TEXTS == {}
+    assert views._row.cache_info().currsize == 0 and curio_rows._node.cache_info().currsize == 0
+
+
+def test_bench_soak_samples_memory_over_many_ticks_of_the_synthetic_fleet(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["bench", "soak", "--path", "synthetic", "--ticks", "40", "--instances", "50",
+                 "--sample-every", "20", "--json"]) == 0  # fmt: skip
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["path"] == "synthetic"
     assert [s["tick"] for s in doc["samples"]] == [4, 20, 40]  # warm-up is a tenth, at most
     assert doc["rss_start_mb"] > 10 and doc["rss_end_mb"] > 10
     assert doc["instances_seen"] == 50 + 10 * 40

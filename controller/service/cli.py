@@ -15,7 +15,7 @@ fleetgate [--config FILE] [--state DIR] [--log-level L] [--log-format F] COMMAND
   llm-check [--threshold R]    probe the configured LLM; exit 1 below the threshold
   bench sim [--ticks N] [--seed S]   time whole ticks on the simulator
   bench tick [--instances N,N] [--repeat N] [--path real|synthetic]   one tick's phases at N
-  bench soak [--ticks N] [--instances N]   memory over many ticks (RSS at start and end)
+  bench soak [--ticks N] [--instances N] [--path real|synthetic]   memory over many ticks
   simulate --trace FILE | --shape short [--days N] [--report DIR]   fleetgate vs baselines
   suggest-rules [--min-answers N] [--out DIR]   candidate rules from people's answers
   pause | resume
@@ -199,10 +199,32 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     bsim.add_argument("--seed", type=int, default=7)
     bsim.add_argument("--json", action="store_true")
     bsoak = bench_sub.add_parser("soak", help="many ticks at one size: RSS at start and end")
-    bsoak.add_argument("--ticks", type=int, default=100_000)
-    bsoak.add_argument("--instances", type=int, default=1000)
-    bsoak.add_argument("--churn", type=int, default=10, help="instances replaced per tick")
-    bsoak.add_argument("--sample-every", type=int, default=10_000, help="ticks between samples")
+    bsoak.add_argument("--path", choices=("real", "synthetic"), default="real",
+                       help="real: `fleetgate run` on the simulator, a world sized for "
+                       "--instances (default); synthetic: a fixed fleet that accepts every "
+                       "action")  # fmt: skip
+    bsoak.add_argument(
+        "--ticks",
+        type=int,
+        default=None,
+        help="default: 16 days of virtual time (real), 100000 (synthetic)",
+    )
+    bsoak.add_argument("--instances", type=int, default=None,
+                       help="the fleet's cap (real, default 200), its size (synthetic, "
+                       "default 1000)")  # fmt: skip
+    bsoak.add_argument(
+        "--churn",
+        type=int,
+        default=None,
+        help="synthetic: instances replaced per tick (default 10)",
+    )
+    bsoak.add_argument(
+        "--sample-every",
+        type=int,
+        default=None,
+        help="ticks between samples (default: a tenth of the ticks)",
+    )
+    bsoak.add_argument("--seed", type=int, default=7, help="real: the simulated world's seed")
     bsoak.add_argument("--json", action="store_true")
     _add_bench_tick(bench_sub.add_parser("tick", help="one tick's phases on fleets of N instances"))
 
@@ -323,6 +345,35 @@ def _writable_state(config: Config, state: Path) -> None:
         raise StateError(f"state directory {str(state)!r} is not writable: {problem}")
 
 
+def _soak(args: argparse.Namespace, config: Config) -> int:
+    from controller.tools.bench import soak
+
+    real = args.path == "real"
+    instances = args.instances if args.instances is not None else 200 if real else 1000
+    ticks = args.ticks if args.ticks is not None or real else 100_000
+    every = args.sample_every
+    if every is None and ticks is not None:
+        every = max(ticks // 10, 1)
+    if min(ticks or 1, instances, every or 1) < 1 or (args.churn or 0) < 0:
+        print("fleetgate: --ticks, --instances, --sample-every must be >= 1, --churn >= 0",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if real and args.churn is not None:
+        print("fleetgate: --churn is for --path synthetic; on the real path the simulated "
+              "world brings and takes instances", file=sys.stderr)  # fmt: skip
+        return 2
+    if real:
+        doc = soak.soak_real(config, ticks=ticks, instances=instances, sample_every=every,
+                             seed=args.seed, progress=sys.stderr)  # fmt: skip
+    else:
+        assert ticks is not None and every is not None
+        doc = soak.soak_synthetic(config, ticks=ticks, instances=instances,
+                                  churn=10 if args.churn is None else args.churn,
+                                  sample_every=every, progress=sys.stderr)  # fmt: skip
+    _emit(doc) if args.json else print(soak.render(doc))
+    return 0
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     from controller.service import commands  # the command bodies
 
@@ -339,16 +390,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "check":
         return commands.check(args, config)
     if args.command == "bench" and args.bench_command == "soak":
-        from controller.tools.bench.soak import render as render_soak
-        from controller.tools.bench.soak import soak
-
-        if min(args.ticks, args.instances, args.sample_every) < 1 or args.churn < 0:
-            print("fleetgate: --ticks, --instances, --sample-every must be >= 1", file=sys.stderr)
-            return 2
-        doc = soak(config, ticks=args.ticks, instances=args.instances, churn=args.churn,
-                   sample_every=args.sample_every, progress=sys.stderr)  # fmt: skip
-        _emit(doc) if args.json else print(render_soak(doc))
-        return 0
+        return _soak(args, config)
     if args.command == "bench" and args.bench_command == "tick":
         from controller.tools.bench.tick import bench_tick, parse_sizes, render_tick
 
