@@ -148,24 +148,15 @@ def soak_synthetic(config: Config, *, ticks: int, instances: int, churn: int = 1
                     if n in (warmup, ticks) or n % sample_every == 0:
                         samples.append(_sample(n, times, db, started))
                         times = []
-                        if progress is not None:
-                            s = samples[-1]
-                            print(f"tick {n:>7}/{ticks}: RSS {s['rss_mb']} MB, median tick "
-                                  f"{s['median_tick_ms']} ms, journal {s['journal_mb']} MB, "
-                                  f"{s['wall_s']} s", file=progress, flush=True)  # fmt: skip
+                        _report(progress, samples[-1], ticks)
             finally:
                 journal.close()
     finally:
         logging.disable(previous)
-    start = next(s for s in samples if s["tick"] == warmup)
-    end = samples[-1]
     return {
         "path": "synthetic", "ticks": ticks, "instances": instances, "churn_per_tick": churn,
-        "step_s": step_s,
-        "warmup_ticks": warmup, "rss_start_mb": start["rss_mb"], "rss_end_mb": end["rss_mb"],
-        "rss_growth_pct": round((end["rss_mb"] / start["rss_mb"] - 1) * 100, 2),
-        "instances_seen": instances + churn * ticks, "wall_s": end["wall_s"],
-        "samples": samples,
+        "step_s": step_s, **_memory(samples, warmup),
+        "instances_seen": instances + churn * ticks,
     }  # fmt: skip
 
 
@@ -251,28 +242,36 @@ def soak_real(config: Config, *, ticks: int | None, instances: int, warmup: int 
                         samples.append(sample)
                         times = []
                         forget_world_records(sim)
-                        if progress is not None:
-                            print(f"tick {n:>7}/{ticks}: RSS {sample['rss_mb']} MB, median tick "
-                                  f"{sample['median_tick_ms']} ms, journal "
-                                  f"{sample['journal_mb']} MB, {own} instances, "
-                                  f"{sample['wall_s']} s", file=progress, flush=True)  # fmt: skip
+                        _report(progress, sample, ticks, f", {own} instances")
                 stats = sim.stats
             finally:
                 app.close()
     finally:
         logging.disable(previous)
-    start = next(s for s in samples if s["tick"] == warmup)
-    end = samples[-1]
     return {
         "path": "real", "ticks": ticks, "instances": instances, "step_s": step_s, "seed": seed,
-        "days": round(ticks * step_s / 86_400.0, 2),
-        "warmup_ticks": warmup, "rss_start_mb": start["rss_mb"], "rss_end_mb": end["rss_mb"],
-        "rss_growth_pct": round((end["rss_mb"] / start["rss_mb"] - 1) * 100, 2),
+        "days": round(ticks * step_s / 86_400.0, 2), **_memory(samples, warmup),
         "instances_seen": stats["instances_launched"],
         "instances_destroyed": stats["instances_destroyed"],
         "tasks_completed": stats["tasks_completed"], "escalations_answered": answers,
-        "wall_s": end["wall_s"], "samples": samples,
     }  # fmt: skip
+
+
+def _memory(samples: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
+    """RSS after the warm-up and at the end, the wall time, every sample."""
+    start = next(s for s in samples if s["tick"] == warmup)
+    end = samples[-1]
+    return {"warmup_ticks": warmup, "rss_start_mb": start["rss_mb"],
+            "rss_end_mb": end["rss_mb"],
+            "rss_growth_pct": round((end["rss_mb"] / start["rss_mb"] - 1) * 100, 2),
+            "wall_s": end["wall_s"], "samples": samples}  # fmt: skip
+
+
+def _report(progress: TextIO | None, s: dict[str, Any], ticks: int, more: str = "") -> None:
+    if progress is not None:
+        print(f"tick {s['tick']:>7}/{ticks}: RSS {s['rss_mb']} MB, median tick "
+              f"{s['median_tick_ms']} ms, journal {s['journal_mb']} MB{more}, {s['wall_s']} s",
+              file=progress, flush=True)  # fmt: skip
 
 
 def _sample(n: int, times: list[float], db: Path, started: float) -> dict[str, Any]:
