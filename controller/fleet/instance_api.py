@@ -178,16 +178,22 @@ class RateLimits:
 
 
 class _Buckets:
-    """The token buckets of every (instance, kind); `now` comes in."""
+    """The token buckets of every (instance, kind); `now` comes in. A bucket that has filled
+    up again is the same as none: every `PRUNE_EVERY_S` those are dropped, so the instances
+    that went (and the labels that only ever called once) leave nothing behind."""
+
+    PRUNE_EVERY_S = 600.0
 
     def __init__(self, limits: RateLimits) -> None:
         self.limits = limits
         self._level: dict[tuple[str, str], tuple[float, float]] = {}  # -> (tokens, at)
         self._lock = threading.Lock()
+        self._pruned_at: float | None = None
 
     def take(self, label: str, kind: str, now: float) -> bool:
         bucket: Bucket = getattr(self.limits, kind)
         with self._lock:
+            self._prune(now)
             tokens, at = self._level.get((label, kind), (bucket.burst, now))
             tokens = min(bucket.burst, tokens + max(0.0, now - at) / bucket.every_s)
             if tokens < 1:
@@ -196,10 +202,17 @@ class _Buckets:
             self._level[(label, kind)] = (tokens - 1, now)
             return True
 
-    def drop(self, label: str) -> None:
-        with self._lock:
-            for key in [k for k in self._level if k[0] == label]:
+    def _prune(self, now: float) -> None:
+        if self._pruned_at is None or not 0 <= now - self._pruned_at < self.PRUNE_EVERY_S:
+            self._pruned_at = now
+            full = [key for key, (tokens, at) in self._level.items()
+                    if tokens + max(0.0, now - at) / getattr(self.limits, key[1]).every_s
+                    >= getattr(self.limits, key[1]).burst]  # fmt: skip
+            for key in full:
                 del self._level[key]
+
+    def __len__(self) -> int:
+        return len(self._level)
 
 
 class InstanceService:

@@ -22,7 +22,7 @@ from pydantic import SecretStr
 
 from controller.fleet.actions import FleetActions
 from controller.fleet.base import LaunchRequest
-from controller.fleet.instance_api import instance_router
+from controller.fleet.instance_api import RateLimits, _Buckets, instance_router
 from controller.service.api import Server, create_app
 from controller.store.instance_tokens import TOKEN_ENV
 from controller.store.journal import Journal
@@ -268,3 +268,19 @@ def test_a_forgotten_instances_token_stops_working(fleet: Fleet) -> None:
     assert fleet.post(b, "fg-b/heartbeat").status_code == 401
     assert fleet.post(b, "register", {"label": "fg-b"}).status_code == 401
     assert fleet.store.records() == {} and not fleet.store.tokens.launched("fg-b")
+
+
+def test_the_buckets_of_instances_that_went_are_dropped_and_a_spent_one_is_kept() -> None:
+    """One bucket per (instance, kind) for every label that ever called: full ones are the same
+    as none and go, every 10 minutes; one still refilling stays, or its limit would reset."""
+    buckets = _Buckets(RateLimits())
+    now = 1_000.0
+    for n in range(1000):  # a thousand instances heartbeat once, then go
+        assert buckets.take(f"fg-{n}", "other", now)
+    for _ in range(5):  # one floods its registrations
+        buckets.take("fg-flood", "register", now + 570)
+    assert not buckets.take("fg-flood", "register", now + 570)
+    assert len(buckets) == 1001
+    assert buckets.take("fg-live", "other", now + _Buckets.PRUNE_EVERY_S)
+    assert len(buckets) == 2  # fg-live's, and fg-flood's: 4 of its 5 tokens still to refill
+    assert not buckets.take("fg-flood", "register", now + _Buckets.PRUNE_EVERY_S)
