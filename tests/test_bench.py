@@ -287,3 +287,22 @@ def test_the_cli_collects_garbage_less_often_than_cpython_by_default() -> None:
     main(["check"])
     assert gc.get_threshold() == (gc_tuning.YOUNG, gc_tuning.OLDER, gc_tuning.OLDER)
     assert gc_tuning.YOUNG > 700
+
+
+def test_the_soak_commands_the_docs_print_run_as_printed_but_shorter(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Each `bench soak` line of the README and BENCHMARKS.md, as pasted, with `--ticks 12`
+    appended (the last one given wins): the printed flags are the parser's and run."""
+    root = Path(__file__).resolve().parents[1]
+    lines = [line.strip() for doc in ("README.md", "BENCHMARKS.md")
+             for line in (root / doc).read_text().splitlines()
+             if line.strip().startswith(".venv/bin/fleetgate bench soak")]  # fmt: skip
+    assert len(lines) >= 4, lines
+    for line in lines:
+        words = line.split("#")[0].split()[1:]  # without the program and a trailing comment
+        assert main([*words, "--ticks", "12", "--sample-every", "6", "--json"]) == 0, line
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["path"] == ("synthetic" if "--path synthetic" in line else "real")
+        want = words[words.index("--instances") + 1] if "--instances" in words else None
+        assert doc["instances"] == int(want or (1000 if doc["path"] == "synthetic" else 200))
