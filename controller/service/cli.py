@@ -190,6 +190,14 @@ def _add_approve_options(a: argparse.ArgumentParser) -> None:
                    "max_spend_per_hour")  # fmt: skip
 
 
+SOAK_DEFAULTS = (
+    ("--ticks", "default: 16 days of virtual time (real), 100000 (synthetic)"),
+    ("--instances", "the fleet's cap (real, default 200), its size (synthetic, default 1000)"),
+    ("--churn", "synthetic: instances replaced per tick (default 10)"),
+    ("--sample-every", "ticks between samples (default: a tenth of the ticks)"),
+)
+
+
 def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """bench sim | soak | tick."""
     bench = sub.add_parser("bench", help="measure the controller (prints numbers)")
@@ -203,27 +211,8 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                        help="real: `fleetgate run` on the simulator, a world sized for "
                        "--instances (default); synthetic: a fixed fleet that accepts every "
                        "action")  # fmt: skip
-    bsoak.add_argument(
-        "--ticks",
-        type=int,
-        default=None,
-        help="default: 16 days of virtual time (real), 100000 (synthetic)",
-    )
-    bsoak.add_argument("--instances", type=int, default=None,
-                       help="the fleet's cap (real, default 200), its size (synthetic, "
-                       "default 1000)")  # fmt: skip
-    bsoak.add_argument(
-        "--churn",
-        type=int,
-        default=None,
-        help="synthetic: instances replaced per tick (default 10)",
-    )
-    bsoak.add_argument(
-        "--sample-every",
-        type=int,
-        default=None,
-        help="ticks between samples (default: a tenth of the ticks)",
-    )
+    for flag, why in SOAK_DEFAULTS:  # integers whose default depends on --path
+        bsoak.add_argument(flag, type=int, default=None, help=why)
     bsoak.add_argument("--seed", type=int, default=7, help="real: the simulated world's seed")
     bsoak.add_argument("--json", action="store_true")
     _add_bench_tick(bench_sub.add_parser("tick", help="one tick's phases on fleets of N instances"))
