@@ -5,10 +5,16 @@ calls), gigabytes a year; nothing a tick decides from looks back further than a 
 fleet's history: 3 h; the LLM budget: a day), so older rows are the record only. What is
 deleted, by its time column, older than `now - days`:
 
-    ticks, actions (finished ones; never an open intent, an unknown outcome, or a launch that
-    rented an instance: those say which instances fleetgate owns), events, llm_calls,
-    llm_usage, rule_reloads, deliveries, escalations no longer pending, outbox jobs done,
-    demand_history.
+    ticks, actions (finished ones; never an open intent or an unknown outcome), events,
+    llm_calls, llm_usage, rule_reloads, deliveries, escalations no longer pending, outbox
+    jobs done, demand_history.
+
+A launch that rented an instance says that fleetgate owns it (vast may list it with an empty
+label), so it stays while the instance may still be listed: it goes once the instance's `gone`
+event (destroyed, or confirmed gone by vast, which never reuses an id) is older than the
+cutoff too (a launch row that names no instance says nothing and goes with the old rows).
+Launches are pruned before events, so the `gone` event that lets one go is still there when
+it is looked at; a launch whose instance's `gone` event is no longer in the journal stays.
 
 Kept whatever their age: the fleet's tracks and hosts (current state), the key/value store,
 the lease, replacements. `now` is the controller's clock (virtual on the simulator), passed in.
@@ -23,22 +29,27 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from controller.store.aggregate import loads
 from controller.store.backend import JournalError, Store
 
 log = logging.getLogger(__name__)
 
 DAY = 86_400.0
+LAUNCHES = "launches"  # not a table: the actions that rented an instance (see the docstring)
+RENTED = ("SELECT id, result FROM actions WHERE action = 'launch' AND status = 'ok' "
+          "AND parent_id IS NOT NULL AND at < ? AND id > ? ORDER BY id LIMIT ?")  # fmt: skip
 
 # (table, condition on the rows that may go; `?` is the cutoff)
 RULES: tuple[tuple[str, str], ...] = (
     ("ticks", "started_at < ?"),
     ("actions", "at < ? AND status NOT IN ('intent', 'unknown') "
                 "AND NOT (action = 'launch' AND status = 'ok' AND parent_id IS NOT NULL)"),
+    (LAUNCHES, ""),  # launches that rented an instance which went before the cutoff
     ("events", "at < ?"),
     ("llm_calls", "at < ?"),
     ("llm_usage", "at < ?"),
@@ -76,9 +87,17 @@ def prune(
     cutoff = now - days * DAY
     started = monotonic()
     deleted: dict[str, int] = {}
+
+    def out_of_time() -> bool:
+        return budget_s is not None and monotonic() - started > budget_s
+
     for table, where in _present(store):
+        if table == LAUNCHES:
+            if not _prune_launches(store, cutoff, batch, deleted, out_of_time):
+                return deleted, False
+            continue
         while True:
-            if budget_s is not None and monotonic() - started > budget_s:
+            if out_of_time():
                 return deleted, False
             with store.tx() as db:
                 n = db.execute(f"DELETE FROM {table} WHERE id IN "
@@ -94,12 +113,54 @@ def prune(
 def count(store: Store, now: float, days: float) -> dict[str, int]:
     """What `prune` would delete (for `fleetgate prune --dry-run`)."""
     cutoff = now - days * DAY
-    out = {}
+    out: dict[str, int] = {}
     for table, where in _present(store):
+        if table == LAUNCHES:
+            went = sum(len(ids) for ids in _went(store, cutoff, 500))
+            if went:
+                out["actions"] = out.get("actions", 0) + went
+            continue
         rows = store.query(f"SELECT COUNT(*) AS n FROM {table} WHERE {where}", (cutoff,))
         if rows and rows[0]["n"]:
             out[table] = int(rows[0]["n"])
     return out
+
+
+def _prune_launches(store: Store, cutoff: float, batch: int, deleted: dict[str, int],
+                    out_of_time: Callable[[], bool]) -> bool:  # fmt: skip
+    """Delete the launches whose instance went before `cutoff`, a page of `batch` old
+    launches at a time; False when the budget ran out first."""
+    for ids in _went(store, cutoff, batch):
+        if out_of_time():
+            return False
+        if ids:
+            marks = ", ".join("?" * len(ids))
+            with store.tx() as db:
+                n = db.execute(f"DELETE FROM actions WHERE id IN ({marks})", ids).rowcount
+            deleted["actions"] = deleted.get("actions", 0) + n
+    return True
+
+
+def _went(store: Store, cutoff: float, batch: int) -> Iterator[list[int]]:
+    """Per page of `batch` launches older than `cutoff` that rented an instance (by id), the
+    ids of those whose instance has a `gone` event before `cutoff`, or that name none."""
+    after = 0
+    while True:
+        rows = store.query(RENTED, (cutoff, after, batch))
+        if not rows:
+            return
+        after = int(rows[-1]["id"])
+        owner = {int(r["id"]): str(loads(r["result"], {}).get("instance") or "") for r in rows}
+        named = sorted({i for i in owner.values() if i})
+        gone: set[str] = set()
+        if named:
+            marks = ", ".join("?" * len(named))
+            gone = {str(r["instance_id"]) for r in store.query(
+                "SELECT DISTINCT instance_id FROM events WHERE kind = 'gone' AND at < ? "
+                f"AND instance_id IN ({marks})", (cutoff, *named))}  # fmt: skip
+        yield [a for a, i in owner.items() if not i or i in gone]
+        if len(rows) < batch:
+            return
 
 
 def _present(store: Store) -> list[tuple[str, str]]:
@@ -107,7 +168,7 @@ def _present(store: Store) -> list[tuple[str, str]]:
     out = []
     for table, where in RULES:
         try:
-            store.query(f"SELECT 1 FROM {table} LIMIT 0", ())
+            store.query(f"SELECT 1 FROM {'actions' if table == LAUNCHES else table} LIMIT 0", ())
         except JournalError:
             continue
         out.append((table, where))
