@@ -53,9 +53,10 @@ def approve(
     """Approve escalation `esc_id`: the proposal its message showed, or `action` with `params`.
 
     `action` must be one the escalation offers (its allowed actions) and may only name its
-    subject (the instance, its host). `override` names budget caps (guards.OVERRIDABLE) this
-    answer may exceed: explicit, and journaled with the answer and the action; nothing else
-    can exceed them (only the operator's credential may send one).
+    subject (the instance, its host; the host) or what its proposals named. `override` names
+    budget caps (guards.OVERRIDABLE) this answer may exceed: explicit, and journaled with the
+    answer and the action; nothing else can exceed them (only the operator's credential may
+    send one).
     """
     from escalation.router import off_subject
 
@@ -82,7 +83,8 @@ def approve(
         checked = actions.validate(action, params or _default_params(esc, action))
     except actions.ActionError as exc:
         raise ApprovalError(str(exc)) from exc
-    off = off_subject(str(esc["subject"]), situation.get("facts") or [], checked)
+    off = off_subject(str(esc["subject"]), situation.get("facts") or [], checked,
+                      situation.get("proposals") or [])  # fmt: skip
     if off:
         raise ApprovalError(f"the answer is refused: {off}")
     unknown = sorted(set(override) - set(OVERRIDABLE))

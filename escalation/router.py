@@ -235,7 +235,7 @@ class Escalator:
         p = Proposal(answer.action, answer.params, f"llm:{model}", answer.rationale,
                      answer.confidence)  # fmt: skip
         if s is not None:
-            off = off_subject(s.subject, s.facts, answer.params)
+            off = off_subject(s.subject, s.facts, answer.params, s.proposals)
             if off:
                 return Routed(False, f"the LLM's answer was refused: {off}", None)
         if answer.action in UNRESOLVING:
@@ -381,15 +381,36 @@ def subject_host(subject: str, facts: Sequence[dict[str, Any]]) -> set[str]:
             if k in f and str(f.get("instance", f.get("id", ident))) == ident}  # fmt: skip
 
 
-def off_subject(subject: str, facts: Sequence[dict[str, Any]], params: dict[str, Any]) -> str:
-    """Why `params` reach beyond an instance subject (another instance or host), or ""."""
+def off_subject(subject: str, facts: Sequence[dict[str, Any]], params: dict[str, Any],
+                proposals: Sequence[Mapping[str, Any]] = ()) -> str:  # fmt: skip
+    """Why `params` reach beyond what the situation offers, or "".
+
+    An answer may name the subject itself (an instance, or a host), the host of an instance
+    subject, and any instance or host one of the situation's proposals named; nothing else,
+    whatever the subject (a fleet or demand situation names no instance of its own)."""
     kind, _, ident = subject.partition(":")
-    if kind != "instance":
-        return ""
-    if "instance" in params and str(params["instance"]) != ident:
-        return f"it names instance {params['instance']}, but the escalation is about {ident}"
-    if "machine" in params and str(params["machine"]) not in subject_host(subject, facts):
-        return f"it names host {params['machine']}, which is not instance {ident}'s host"
+    offered: dict[str, set[str]] = {"instance": set(), "machine": set()}
+    for p in proposals:
+        for key, ids in offered.items():
+            if key in (p.get("params") or {}):
+                ids.add(str(p["params"][key]))
+    if kind == "instance":
+        offered["instance"].add(ident)
+        offered["machine"] |= subject_host(subject, facts)
+    elif kind == "machine":
+        offered["machine"].add(ident)
+    about = f"instance {ident}" if kind == "instance" else \
+        f"host {ident}" if kind == "machine" else subject  # fmt: skip
+    if "instance" in params and str(params["instance"]) not in offered["instance"]:
+        if kind == "instance":
+            return f"it names instance {params['instance']}, but the escalation is about {ident}"
+        return f"it names instance {params['instance']}, which the escalation about {about} " \
+               "did not offer"  # fmt: skip
+    if "machine" in params and str(params["machine"]) not in offered["machine"]:
+        if kind == "instance":
+            return f"it names host {params['machine']}, which is not instance {ident}'s host"
+        return f"it names host {params['machine']}, which the escalation about {about} did " \
+               "not offer"  # fmt: skip
     return ""
 
 

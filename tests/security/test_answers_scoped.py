@@ -206,3 +206,67 @@ def test_operator_answers_are_bounded_and_bad_ones_are_4xx(api: tuple[str, Journ
     assert j.escalations.escalation(esc)["status"] == "pending"
     ok = post(base, esc, {"decision": "approve", "action": "reboot", "by": "alice"}, op)
     assert ok.status_code == 200 and j.escalations.escalation(esc)["answered_by"] == "operator"
+
+
+def escalate_about(j: Journal, subject: str, proposals: list[dict[str, Any]],
+                   allowed: list[str]) -> int:  # fmt: skip
+    situation = {"kind": "guard_veto" if subject == "fleet" else "low_confidence",
+                 "subject": subject, "summary": "s", "facts": [], "key": {},
+                 "proposals": proposals, "recent_actions": [], "fleet": {}, "budget": {},
+                 "allowed_actions": allowed, "default_action": HOLD,
+                 "created_at": 100.0}  # fmt: skip
+    return j.escalations.add_escalation(fingerprint=subject, kind=situation["kind"],
+                                        subject=subject, summary="s", now=100.0,
+                                        deadline=2000.0, situation=situation,
+                                        default_action=HOLD)  # fmt: skip
+
+
+BLOCK = {"action": "block_host", "params": {"machine": "1026", "reason": "slow"},
+         "proposer": "rule:r", "confidence": 0.5, "reason": "slow"}  # fmt: skip
+REPLACE = {"action": "replace", "params": {"instance": "10001"}, "proposer": "rule:r",
+           "confidence": 0.9, "reason": "stuck"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("subject", "proposal", "allowed", "off", "on"),
+    [
+        # a host's escalation answers for that host, not another one
+        ("machine:1026", BLOCK, ["hold", "notify", "block_host"],
+         ("block_host", {"machine": "1099", "reason": "x"}),
+         ("block_host", {"machine": "1026", "reason": "x"})),
+        # a fleet escalation (a launch the guards refused) offers the instance its proposal named
+        ("fleet", REPLACE, ["hold", "notify", "replace", "launch", "scale_to"],
+         ("replace", {"instance": "10004"}), ("replace", {"instance": "10001"})),
+    ],
+)  # fmt: skip
+def test_an_answer_names_only_what_its_escalation_offered(
+    api: tuple[str, Journal], subject: str, proposal: dict[str, Any], allowed: list[str],
+    off: tuple[str, dict[str, Any]], on: tuple[str, dict[str, Any]],
+) -> None:  # fmt: skip
+    base, j = api
+    esc = escalate_about(j, subject, [proposal], allowed)
+    op = TOKEN.get_secret_value()
+    refused = post(base, esc, {"decision": "approve", "action": off[0], "params": off[1]}, op)
+    assert refused.status_code == 422, refused.text
+    named = off[1].get("machine") or off[1].get("instance")
+    assert f"names {'host' if 'machine' in off[1] else 'instance'} {named}, which the " \
+           f"escalation about {subject.replace('machine:', 'host ')} did not offer" \
+           in refused.json()["detail"]  # fmt: skip
+    assert j.escalations.escalation(esc)["status"] == "pending"
+    took = post(base, esc, {"decision": "approve", "action": on[0], "params": on[1]}, op)
+    assert took.status_code == 200, took.text
+    given = j.escalations.escalation(esc)["answer"]["params"]
+    assert {k: given[k] for k in on[1]} == on[1]
+
+
+def test_an_llm_answer_names_only_what_a_host_escalation_offered(
+    api: tuple[str, Journal],
+) -> None:
+    _base, j = api
+    esc = escalate_about(j, "machine:1026", [BLOCK], ["hold", "notify", "block_host"])
+    e = Escalator(j, Notifier([], Renderer()), window_s=60, deadline_s=1900,
+                  reader=_Reader("block_host", {"machine": "1099", "reason": "x"}))  # fmt: skip
+    s = from_dict(j.escalations.escalation(esc)["situation"])
+    routed = e.read(esc, s, ["1026", "1099"], NOW)
+    assert not routed.acted and "which the escalation about host 1026 did not offer" in routed.why
+    assert j.llm.llm_calls(esc)[0]["status"] == "refused"
