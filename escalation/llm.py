@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 class LLMSettings(BaseModel):
     """How to reach the model and how much it may be used (the config's `escalation.llm`)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid", frozen=True, strict=True)
 
     base_url: str = Field(min_length=1)  # up to and including /v1: http://127.0.0.1:8000/v1
     model: str = Field(min_length=1)  # the served model's name

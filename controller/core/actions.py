@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 
 class _Params(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid", frozen=True)
 
 
 class Launch(_Params):
@@ -54,7 +54,9 @@ class BlockHost(_Params):
     # host out for decades
     for_s: float = Field(default=86_400, gt=0, le=30 * 86_400, alias="for")
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(
+        allow_inf_nan=False, extra="forbid", frozen=True, populate_by_name=True
+    )
 
 
 class Notify(_Params):

@@ -18,7 +18,7 @@ Mode = Literal["observe", "propose", "act"]
 
 class _Strict(BaseModel):
     # strict: YAML's `yes` is not a count, "5" is not a number
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid", frozen=True, strict=True)
 
 
 _DEFAULT_COOLDOWNS: dict[ActionName, float] = {

@@ -40,7 +40,7 @@ GPU_TASKS = ("PoRep", "UpdateProve", "PSProve", "WdPost", "WinPost")
 class CurioSettings(BaseModel):
     """Where Curio's database is and which of its tasks are proving demand."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid", frozen=True, strict=True)
 
     dsn: Secret = Field(description="libpq connection string or URI (a secret)")
     schema_name: str = Field(

@@ -38,7 +38,7 @@ class InstancesSettings(BaseModel):
     """How fleetgate watches its instances (the config's `instances`): the token their agents
     present, these status probes, and when a silent daemon, sidecar or agent counts as down."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid", frozen=True, strict=True)
 
     fleet_token: Secret | None = Field(
         None,

@@ -82,7 +82,7 @@ MAX_RATE = 1_000.0
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(allow_inf_nan=False, extra="ignore")
 
 
 class Registration(_Body):

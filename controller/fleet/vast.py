@@ -70,7 +70,7 @@ class VastSettings(BaseModel):
     RAM limits are in GB here and sent to vast in MB (GB x 1000, as vast's CLI does).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid", frozen=True, strict=True)
 
     # -- the API
     base_url: str = "https://console.vast.ai"

@@ -17,6 +17,7 @@ MAX_RANGE = 1_000  # items of range()
 MAX_EXPONENT = 1_000  # |exponent| of an integer `**`
 MAX_INT_BITS = 4_096  # bits of an integer result of `*` or `**` (about 1,233 digits)
 MAX_ALIAS_NODES = 10_000  # YAML values that aliases (*name) may add to a document by expansion
+MAX_NUMBER_CHARS = 40  # characters of a number written in YAML (underscores and signs included)
 MAX_PATTERN = 1_000  # characters of a `matches` regular expression
 
 

@@ -277,6 +277,13 @@ class RulesSource:
             log.error("rules reload failed; the last good rules (%s) stay in force:\n%s",
                       self.book.digest, exc)  # fmt: skip
             return Reload(False, self.book.digest, self._seen, str(exc))
+        except Exception as exc:  # noqa: BLE001 - the files are input: a failed reload, never a failed tick
+            log.exception("rules reload failed; the last good rules (%s) stay in force",
+                          self.book.digest)  # fmt: skip
+            why = show(str(exc))
+            return Reload(False, self.book.digest, self._seen,
+                          f"{self._where()}: the rules could not be read: "
+                          f"{type(exc).__name__}: {why}")  # fmt: skip
         self.book, self.engine = book, engine
         log.info("rules reloaded: %s (%d rules)", book.digest, len(book.rules))
         return Reload(True, book.digest, book.digest)

@@ -3,7 +3,9 @@
 Mappings load as `Located` dicts that know their own line and each key's line. Aliases
 (`*name`) may add at most `MAX_ALIAS_NODES` values to a document by expansion: a few hundred
 bytes of nested aliases ("billion laughs") would otherwise expand to gigabytes wherever the
-loaded value is walked or printed.
+loaded value is walked or printed. A number is written in at most `MAX_NUMBER_CHARS`
+characters: Python refuses to read an integer of over 4,300 digits, and one of over 308 is
+beyond every float it is compared with.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from controller.rules.limits import MAX_ALIAS_NODES, cap
+from controller.rules.limits import MAX_ALIAS_NODES, MAX_NUMBER_CHARS, cap
 
 
 class Located(dict[str, Any]):
@@ -62,6 +64,21 @@ class _Loader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
+def _number(kind: str) -> Any:
+    """The SafeLoader's constructor for `kind` (int or float), for numbers of a bounded size."""
+    base = yaml.SafeLoader.yaml_constructors[f"tag:yaml.org,2002:{kind}"]
+
+    def construct(loader: _Loader, node: yaml.ScalarNode) -> Any:
+        if len(str(node.value)) > MAX_NUMBER_CHARS:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a number of {len(str(node.value))} characters (at most "
+                f"{MAX_NUMBER_CHARS})", node.start_mark,
+            )  # fmt: skip
+        return base(loader, node)
+
+    return construct
+
+
 def _mapping(loader: _Loader, node: yaml.MappingNode) -> Located:
     own = [k for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"]
     loader.flatten_mapping(node)  # merged (`<<: *base`) pairs first, then the node's own
@@ -94,6 +111,8 @@ def _sequence(loader: _Loader, node: yaml.SequenceNode) -> LocatedList:
 
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _sequence)
+for _kind in ("int", "float"):
+    _Loader.add_constructor(f"tag:yaml.org,2002:{_kind}", _number(_kind))
 
 
 class YamlError(ValueError):

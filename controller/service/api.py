@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 
 
 class Answer(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
     decision: Literal["approve", "deny"]
     action: str | None = None

@@ -13,12 +13,14 @@ directory, the rules shipped in `rules/`, fast simulated time.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -51,7 +53,7 @@ __all__ = ["Config", "ConfigError", "load_config", "parse_config", "rules_paths"
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid", frozen=True, strict=True)
 
 
 class SimSection(_Strict):
@@ -162,6 +164,20 @@ class LeaseSection(_Strict):
         return self
 
 
+def _plain(value: Any) -> Any:
+    """A setting is a finite number, a text or a boolean, as in a rules file."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"a setting must be a finite number, got {value!r}")
+    if not isinstance(value, bool | int | float | str):
+        got = "a list" if isinstance(value, list) else "a mapping" if isinstance(value, dict) \
+            else type(value).__name__  # fmt: skip
+        raise ValueError(f"a setting must be a number, text or a boolean, got {got}")
+    return value
+
+
+SettingValue = Annotated[Any, AfterValidator(_plain)]
+
+
 class Config(_Strict):
     interval_s: float = Field(
         0.1, gt=0, description="real seconds between ticks (the default suits the simulator)"
@@ -178,7 +194,7 @@ class Config(_Strict):
     autonomy: Autonomy = Field(Autonomy(), description="the track record's thresholds: "
                                "when to suggest promoting an action to act")  # fmt: skip
     guards: Guards = Guards()
-    settings: dict[str, Any] = Field(
+    settings: dict[str, SettingValue] = Field(
         default_factory=dict,
         description="values rules read as settings.NAME, in conditions ({setting: NAME}) and "
         "parameters; over the rules files' own `settings` and ours",

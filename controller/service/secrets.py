@@ -21,7 +21,7 @@ class SecretError(ValueError):
 class SecretRef(BaseModel):
     """Where a secret lives: an environment variable or a file (first line, stripped)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid", frozen=True, strict=True)
 
     env: str | None = None
     file: str | None = None

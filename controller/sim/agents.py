@@ -62,7 +62,7 @@ _ORDER = ("provisioning", "loading", "registered", "params", "bench", "running")
 class AgentSettings(BaseModel):
     """How the simulated instances' agents are set up and behave."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid", frozen=True)
 
     heartbeat_s: float = Field(60.0, gt=0, description="Seconds between two heartbeats.")
     vast_id_fraction: float = Field(

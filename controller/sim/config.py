@@ -32,7 +32,7 @@ def _default_weights() -> dict[str, float]:
 class SimConfig(BaseModel):
     """How the simulated fleet, its faults and its proving queue behave."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid", frozen=True)
 
     # --- stepping
     step_s: float = Field(

@@ -64,7 +64,7 @@ RULES: tuple[tuple[str, str], ...] = (
 class RetentionSettings(BaseModel):
     """How long the journal keeps its record (the `retention` section of the config)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid", frozen=True, strict=True)
 
     days: float | None = Field(
         90, ge=1, description="keep this many days of ticks, actions, events, LLM calls; "

@@ -89,7 +89,7 @@ def check_labels(labels: Mapping[str, str]) -> None:
 class AlertmanagerSettings(BaseModel):
     """A `{type: alertmanager}` entry of `escalation.channels`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid", frozen=True, strict=True)
 
     type: Literal["alertmanager"] = "alertmanager"
     url: HttpUrl = Field(description="Alertmanager's base URL, e.g. http://alertmanager:9093")

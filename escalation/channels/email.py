@@ -78,7 +78,7 @@ def check_email(
 class EmailSettings(BaseModel):
     """A `{type: email}` entry of `escalation.channels`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid", frozen=True, strict=True)
 
     type: Literal["email"] = "email"
     host: str = Field(min_length=1, description="the SMTP server")

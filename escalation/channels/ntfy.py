@@ -52,7 +52,7 @@ def check_ntfy(topic: str, priority: int) -> None:
 class NtfySettings(BaseModel):
     """A `{type: ntfy}` entry of `escalation.channels`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid", frozen=True, strict=True)
 
     type: Literal["ntfy"] = "ntfy"
     url: HttpUrl = Field(description="the ntfy server, e.g. https://ntfy.example.org")

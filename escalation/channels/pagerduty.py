@@ -41,7 +41,7 @@ def dedup_key(esc: dict[str, Any]) -> str:
 class PagerDutySettings(BaseModel):
     """A `{type: pagerduty}` entry of `escalation.channels`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid", frozen=True, strict=True)
 
     type: Literal["pagerduty"] = "pagerduty"
     routing_key: Secret = Field(description="the Events API v2 integration key")

@@ -23,7 +23,7 @@ from escalation.channels.http import HttpClient, rendered_object, require
 class SlackSettings(BaseModel):
     """A `{type: slack}` entry of `escalation.channels`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid", frozen=True, strict=True)
 
     type: Literal["slack"] = "slack"
     webhook_url: SecretHttpUrl = Field(description="the incoming webhook's URL (a secret)")

@@ -24,7 +24,7 @@ from escalation.channels.http import HttpClient, rendered_object
 class WebhookSettings(BaseModel):
     """A `{type: webhook}` entry of `escalation.channels`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid", frozen=True, strict=True)
 
     type: Literal["webhook"] = "webhook"
     url: SecretHttpUrl = Field(description="where to POST (a secret: often its own credential)")
