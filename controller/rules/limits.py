@@ -19,6 +19,7 @@ MAX_INT_BITS = 4_096  # bits of an integer result of `*` or `**` (about 1,233 di
 MAX_ALIAS_NODES = 10_000  # YAML values that aliases (*name) may add to a document by expansion
 MAX_NUMBER_CHARS = 40  # characters of a number written in YAML (underscores and signs included)
 MAX_PATTERN = 1_000  # characters of a `matches` regular expression
+MAX_ROUND = 100  # |precision| of the round filter (it computes 10 ** precision)
 
 
 class _Repr(reprlib.Repr):

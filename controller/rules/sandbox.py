@@ -10,9 +10,10 @@ checked against the sizes of its operands *before* it runs (limits in `controlle
   `%` format whose widths add up over MAX_SIZE are refused;
 - globals: only `range` (at most MAX_RANGE items) and `dict`; lipsum, cycler, joiner and
   namespace are gone;
-- filters that take a width or a count (center, indent, batch, slice, tojson) or that multiply
-  their input (format, join, replace) are bounded; sum adds numbers only; wordwrap, urlize,
-  pprint, xmlattr and random (no rule needs them; random is not even deterministic) are gone;
+- filters that take a width, a count or a precision (center, indent, batch, slice, tojson,
+  round) or that multiply their input (format, join, replace) are bounded; sum adds numbers
+  only; wordwrap, urlize, pprint, xmlattr and random (no rule needs them; random is not even
+  deterministic) are gone;
 - calls: only the methods in `_METHODS` (of strings, dicts, lists, numbers); `str.format` is
   not one of them.
 
@@ -35,7 +36,15 @@ from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import pass_environment, pass_eval_context
 
-from controller.rules.limits import MAX_EXPONENT, MAX_INT_BITS, MAX_RANGE, MAX_SIZE, show, size
+from controller.rules.limits import (
+    MAX_EXPONENT,
+    MAX_INT_BITS,
+    MAX_RANGE,
+    MAX_ROUND,
+    MAX_SIZE,
+    show,
+    size,
+)
 
 
 class LimitError(SecurityError):
@@ -187,9 +196,16 @@ def _json_indent(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         raise LimitError(f"a tojson indent other than 0 to 8 ({show(indent)})")
 
 
+def _precision(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    precision = args[0] if args else kwargs.get("precision", 0)
+    if isinstance(precision, int) and abs(precision) > MAX_ROUND:
+        raise LimitError(f"a round precision beyond +-{MAX_ROUND} ({show(precision)})")
+
+
 # filter -> check of its arguments alone (the value may not be known at load time)
 FILTER_ARGS: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], None]] = {
     "center": _width, "indent": _width, "batch": _count, "slice": _count, "tojson": _json_indent,
+    "round": _precision,
 }  # fmt: skip
 
 
@@ -252,9 +268,14 @@ def _sum(env: jinja2.Environment, iterable: Any, attribute: Any = None, start: A
     return sum(items, start)
 
 
+def _round(value: float, precision: int = 0, method: str = "common") -> float:
+    _precision((precision,), {})
+    return jinja2.filters.do_round(value, precision, method)  # type: ignore[arg-type]
+
+
 _BOUNDED: dict[str, Callable[..., Any]] = {
     "center": _center, "indent": _indent, "format": _format, "join": _join, "replace": _replace,
-    "batch": _batch, "slice": _slice, "tojson": _tojson, "sum": _sum,
+    "batch": _batch, "slice": _slice, "tojson": _tojson, "sum": _sum, "round": _round,
 }  # fmt: skip
 
 

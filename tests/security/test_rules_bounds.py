@@ -105,6 +105,10 @@ STATIC = [
     ("{% for i in range(10**9) %}{{ i }}{% endfor %}",
      "only {{ ... }} expressions are allowed, not {% ... %} statements"),
     ("{{ 'x' * 9000 }}{{ 'y' * 9000 }}", "the result is over 10000 characters or items"),
+    ("{{ 5 | round(-1000000000) }}",  # 10 ** precision: check hung
+     "a round precision beyond +-100 (-1000000000)"),
+    ("{{ instance.dph | round(100000000, 'ceil') }}",
+     "a round precision beyond +-100 (100000000)"),
 ]  # fmt: skip
 
 
@@ -123,6 +127,8 @@ AT_TICK = [
      "a width over 10000 (1000000000)"),
     ("{{ instance.label * 1000 ~ instance.label * 1000 }}",  # 14 kB: a result over the cap
      "the result is over 10000 characters or items"),
+    ("{{ instance.num_gpus | round(instance.num_gpus * (0 - 10**8)) }}",  # the tick never ended
+     "a round precision beyond +-100 (-100000000)"),
 ]  # fmt: skip
 
 
