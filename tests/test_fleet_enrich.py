@@ -164,3 +164,21 @@ def test_the_controller_links_each_agent_to_its_instance_and_curio_node() -> Non
     fleet.list_instances()
     fleet.save_learned()
     assert len(records.links) == 3  # nothing new learned: nothing written again
+
+
+def test_an_agent_speaks_for_its_own_launch_label_never_by_a_vast_id_it_claims() -> None:
+    """Vast shows no label for 12; the launch that rented it names it fg-b, whose agent is not
+    up yet. fg-x's agent claims 12's id: it does not speak for 12 (it did before fg-b's agent
+    registered). Once fg-b's agent registers, 12 is linked to it."""
+    vast = Vast([raw(12, "", "1.0.0.12", "loading")])
+    records = Records(record("fg-x", vast_id="12"))
+    fleet = real_fleet(vast, records, Curio(), launched={"12": "fg-b"})
+    [b] = fleet.list_instances()
+    assert (b.id, b.stage) == ("12", "loading")  # vast's word, not fg-x's "running"
+    fleet.save_learned()
+    assert records.links == []
+    records.by_label["fg-b"] = record("fg-b", stage="params")
+    vast.raws = [raw(12, "", "1.0.0.12")]
+    [b] = fleet.list_instances()
+    fleet.save_learned()
+    assert b.stage == "bench" and [label for label, _ in records.links] == ["fg-b"]  # params done

@@ -273,15 +273,16 @@ class RealFleet:
               machines: Sequence[Machine], launched: Mapping[str, str]
               ) -> dict[str, Link]:  # fmt: skip
         """Each own instance's agent record and Curio node; what was learned is stored."""
-        by_vast = {str(getattr(r, "vast_id", "")): r for r in records.values()}
         by_node = {m.host_and_port: m for m in machines}
         by_host: dict[str, list[Machine]] = {}
         for m in machines:
             by_host.setdefault(node_host(m.host_and_port), []).append(m)
         links = {}
         for inst in own:
+            # an own instance has a launch label (vast's, else the launch's that rented it): it
+            # speaks through that label's record only, never an agent's claim of its vast id
             label = inst.label or launched.get(inst.id, "")
-            record = records.get(label) or by_vast.get(inst.id) or records.get(f"C.{inst.id}")
+            record = records.get(label) if label else None
             ip = self._address(inst.id)
             node = find_node(ip, record, by_node, by_host)
             if record is not None:

@@ -80,7 +80,8 @@ class LifecycleStore(Aggregate):
         agent_version: str | None = None,
     ) -> Record:
         """Create the record at stage `registered`; registering again only fills in fields.
-        VastIdTaken when another record holds `vast_id`."""
+        VastIdTaken when another record holds `vast_id`, or another label's token is bound to
+        it (the launch that rented it was told its id)."""
         vast_id = vast_id or vast_id_of(label)
         with self.tx() as db:
             if vast_id is not None:
@@ -88,6 +89,11 @@ class LifecycleStore(Aggregate):
                     "SELECT label FROM instance_records WHERE vast_id = ? AND label <> ?",
                     (vast_id, label),
                 ).fetchone()
+                if other is None:  # or a launch whose create named it rented it for another label
+                    other = db.execute(
+                        "SELECT label FROM instance_tokens WHERE vast_id = ? AND label <> ?",
+                        (vast_id, label),
+                    ).fetchone()
                 if other is not None:
                     raise VastIdTaken(f"vast instance {vast_id} is another instance's")
             db.execute(

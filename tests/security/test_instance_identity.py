@@ -118,7 +118,8 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
 
 @pytest.fixture
 def shared_fleet(tmp_path: Path) -> Iterator[Fleet]:
-    yield from serve(tmp_path, shared=SHARED)
+    (tmp_path / "shared").mkdir()  # a journal of its own: its fake vast numbers ids from 5001 too
+    yield from serve(tmp_path / "shared", shared=SHARED)
 
 
 # ---- the launch ----------------------------------------------------------------------------------
@@ -146,6 +147,20 @@ def test_an_instance_cannot_re_register_another_instances_label(fleet: Fleet) ->
     assert r.status_code == 409  # nor claim its vast id
     assert fleet.store.record("fg-b") == before
     assert fleet.store.record("fg-b").host_and_port == "10.0.0.2:12300"  # type: ignore[union-attr]
+
+
+def test_an_instance_whose_create_reply_was_lost_cannot_claim_another_instances_id(
+    fleet: Fleet,
+) -> None:
+    """Its token names no vast id (the launch never learned it), so it gives its own; one that
+    a launch rented for another label is refused, before that instance even registers."""
+    lost = fleet.store.tokens.issue("fg-lost", fleet.clock())  # as a launch does before create
+    fleet.launch("fg-b")  # rented, its id bound to its token; its agent not up yet
+    r = fleet.post(lost, "register", {"label": "fg-lost", "vast_id": fleet.ids["fg-b"]})
+    assert r.status_code == 409 and "another instance's" in r.json()["detail"]
+    assert fleet.store.records() == {}
+    r = fleet.post(lost, "register", {"label": "fg-lost", "vast_id": "424242"})  # its own
+    assert r.status_code == 200 and fleet.store.record("fg-lost").vast_id == "424242"  # type: ignore[union-attr]
 
 
 def test_an_instance_cannot_heartbeat_as_another(fleet: Fleet) -> None:
