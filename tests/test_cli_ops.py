@@ -298,6 +298,17 @@ def test_an_unwritable_state_directory_is_one_line(tmp_path: Path) -> None:
     ]
 
 
+
+@pytest.mark.parametrize("command", [["tick"], ["run", "--ticks", "1"]])
+def test_a_state_directory_the_system_refuses_to_create_is_one_line(command: list[str]) -> None:
+    """/proc is writable by its permission bits and refuses every new directory: only trying
+    shows it (a traceback before)."""
+    out = fg("--state", "/proc/fleetgate-state", *command)
+    assert out.returncode == 2, out.stderr
+    [line] = out.stderr.strip().splitlines()  # the reason: the system's (root or not)
+    assert line.startswith("fleetgate: state directory '/proc/fleetgate-state' is not writable: ")
+
+
 def test_the_rules_digest_does_not_depend_on_how_the_path_is_spelt(tmp_path: Path) -> None:
     digests = set()
     for spelling in (

@@ -254,7 +254,11 @@ class SQLiteStore:
                 self._db.execute("PRAGMA busy_timeout=5000")
             self._file = _file_id(self.path)
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # /proc/x, a read-only mount: one line, not a traceback
+            raise JournalError(f"state directory {str(self.path.parent)!r} is not writable: "
+                               f"{exc.strerror or exc}") from exc  # fmt: skip
         with _sqlite_errors(self.where):
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
