@@ -51,6 +51,8 @@ def approve(
     override: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Approve escalation `esc_id`: the proposal its message showed, or `action` with `params`.
+    `params` without `action`, or with the shown proposal's action, change that proposal's
+    parameters (the others stay as shown).
 
     `action` must be one the escalation offers (its allowed actions) and may only name its
     subject (the instance, its host; the host) or what its proposals named. `override` names
@@ -70,9 +72,9 @@ def approve(
                 f"escalation #{esc_id} has no proposed action: name one with --action "
                 f"(one of {names})"
             )
-        action, params = shown["action"], shown["params"]
-    elif params is None and shown is not None and shown["action"] == action:
-        params = shown["params"]
+        action, params = shown["action"], {**shown["params"], **(params or {})}
+    elif shown is not None and shown["action"] == action:
+        params = {**shown["params"], **(params or {})}
     offered = list(situation.get("allowed_actions") or actions.ACTIONS)
     if action not in actions.ACTIONS or action not in offered:
         raise ApprovalError(

@@ -298,7 +298,6 @@ def test_an_unwritable_state_directory_is_one_line(tmp_path: Path) -> None:
     ]
 
 
-
 @pytest.mark.parametrize("command", [["tick"], ["run", "--ticks", "1"]])
 def test_a_state_directory_the_system_refuses_to_create_is_one_line(command: list[str]) -> None:
     """/proc is writable by its permission bits and refuses every new directory: only trying
@@ -307,6 +306,27 @@ def test_a_state_directory_the_system_refuses_to_create_is_one_line(command: lis
     assert out.returncode == 2, out.stderr
     [line] = out.stderr.strip().splitlines()  # the reason: the system's (root or not)
     assert line.startswith("fleetgate: state directory '/proc/fleetgate-state' is not writable: ")
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["escalations", "approve", "99999999999999999999"],  # an OverflowError traceback
+         "argument id: 99999999999999999999 is not between 1 and 9223372036854775807"),
+        (["escalations", "show", "9223372036854775808"],
+         "argument id: 9223372036854775808 is not between 1 and 9223372036854775807"),
+        (["escalations", "deny", "0"], "argument id: 0 is not between 1 and 9223372036854775807"),
+        (["escalations", "show", "x"], "argument id: not a whole number: 'x'"),
+        (["actions", "--limit", "1e30"], "argument --limit: not a whole number: '1e30'"),
+        (["run", "--ticks", "-1"], "argument --ticks: -1 is not between 0 and 9223372036854775807"),
+    ],
+)  # fmt: skip
+def test_an_id_or_count_out_of_range_is_a_usage_error(
+    args: list[str], error: str, tmp_path: Path
+) -> None:
+    out = fg("--state", str(tmp_path / "s"), *args)
+    assert out.returncode == 2 and out.stderr.strip().endswith(error), out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "s").exists()
 
 
 def test_the_rules_digest_does_not_depend_on_how_the_path_is_spelt(tmp_path: Path) -> None:

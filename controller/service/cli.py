@@ -34,6 +34,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -131,10 +132,29 @@ def _version() -> str:
         return "(not installed)"
 
 
+MAX_INT = 2**63 - 1  # the journal's integers (SQLite and PostgreSQL BIGINT)
+
+
+def _whole(low: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from `low` to MAX_INT (a journal id, a count)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text[:40]!r}") from None
+        if not low <= value <= MAX_INT:
+            raise argparse.ArgumentTypeError(f"{text[:40]} is not between {low} and {MAX_INT}")
+        return value
+
+    parse.__name__ = "number"  # argparse names the type in its message
+    return parse
+
+
 def _add_loop_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """run, tick, check, explain, test-rules and actions: the loop, its rules and its journal."""
     run = sub.add_parser("run", help="tick on the configured interval until stopped")
-    run.add_argument("--ticks", type=int, help="stop after N ticks")
+    run.add_argument("--ticks", type=_whole(0), help="stop after N ticks")
     run.add_argument("--seed", type=int, help="simulator seed for a new state directory")
     sub.add_parser("tick", help="run exactly one tick and exit")
     check = sub.add_parser("check", help="validate rules files and the config")
@@ -146,7 +166,7 @@ def _add_loop_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     acts = sub.add_parser("actions", help="the journal of actions")
     acts.add_argument("--json", action="store_true")
     acts.add_argument("--all", action="store_true", help="also vetoed, asked, superseded ones")
-    acts.add_argument("--limit", type=int, default=100)
+    acts.add_argument("--limit", type=_whole(1), default=100)
 
 
 _ESCALATION_STATUSES = ["pending", "approved", "denied", "expired", "executed", "resolved",
@@ -163,12 +183,12 @@ def _add_escalations(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     lst.add_argument("--json", action="store_true")
     lst.add_argument("--status", choices=_ESCALATION_STATUSES)
     show = esc_sub.add_parser("show", help="one escalation and its trail (--json: every field)")
-    show.add_argument("id", type=int)
+    show.add_argument("id", type=_whole(1))
     show.add_argument("--json", action="store_true")
     for name, what in (("approve", "approve one (optionally another action or parameters)"),
                        ("deny", "deny one: nothing is done")):  # fmt: skip
         a = esc_sub.add_parser(name, help=what)
-        a.add_argument("id", type=int)
+        a.add_argument("id", type=_whole(1))
         a.add_argument("--by", default=None, help="who answers (default: your user name)")
         if name == "approve":
             _add_approve_options(a)

@@ -270,3 +270,29 @@ def test_an_llm_answer_names_only_what_a_host_escalation_offered(
     routed = e.read(esc, s, ["1026", "1099"], NOW)
     assert not routed.acted and "which the escalation about host 1026 did not offer" in routed.why
     assert j.llm.llm_calls(esc)[0]["status"] == "refused"
+
+
+SCALE = {"action": "scale_to", "params": {"count": 3}, "proposer": "rule:r", "confidence": 0.5,
+         "reason": "queue"}  # fmt: skip
+
+
+def test_params_without_an_action_change_the_shown_proposal_as_typed(tmp_path: Path) -> None:
+    """`fleetgate escalations approve 1 --param count=1` approves the proposal the message
+    showed with count 1: the parameter was dropped before, and scale_to count=3 approved."""
+    from test_cli_ops import fg
+
+    j = Journal(tmp_path / "state" / "journal.db")
+    try:
+        esc = escalate_about(j, "fleet", [SCALE], ["hold", "notify", "launch", "scale_to"])
+    finally:
+        j.close()
+    out = fg("--state", str(tmp_path / "state"), "escalations", "approve", str(esc),
+             "--param", "count=1", "--by", "ops")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"escalation #{esc} approved by ops: scale_to count=1 ")
+    j = Journal(tmp_path / "state" / "journal.db")
+    try:
+        assert j.escalations.escalation(esc)["answer"] == {"action": "scale_to",
+                                                           "params": {"count": 1}}  # fmt: skip
+    finally:
+        j.close()
