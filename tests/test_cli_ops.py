@@ -167,6 +167,30 @@ def test_journal_commands_never_create_a_journal(tmp_path: Path, command: list[s
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("command", [["status"], ["escalations", "list"], ["pause"]])
+def test_journal_commands_never_create_a_postgresql_journal(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """They created the schema and its tables, and printed an empty status."""
+    import secrets
+
+    import psycopg
+    from support import PG_DSN
+
+    schema = f"fg_none_{secrets.token_hex(6)}"
+    cfg = tmp_path / "pg.yaml"
+    cfg.write_text(f"journal: {{dsn: {{env: FG_TEST_DSN}}, schema_name: {schema}}}\n")
+    out = fg("--config", str(cfg), *command, cwd=tmp_path, env={"FG_TEST_DSN": PG_DSN})
+    assert out.returncode == 1, out.stderr
+    info = psycopg.conninfo.conninfo_to_dict(PG_DSN)
+    where = f"postgresql {info.get('host')}:{info.get('port')}/{info.get('dbname')}"
+    assert out.stderr.strip() == f"fleetgate: no journal in {where} schema {schema} (see --config)"
+    with psycopg.connect(PG_DSN) as conn:
+        found = conn.execute("SELECT 1 FROM information_schema.schemata WHERE schema_name = %s",
+                             (schema,)).fetchone()  # fmt: skip
+    assert found is None
+
+
 def test_common_options_go_before_or_after_the_command(journal_dir: Path, tmp_path: Path) -> None:
     cfg = config(tmp_path, "guards: {paused: true}\n")
     before = json.loads(

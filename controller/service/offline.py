@@ -119,6 +119,14 @@ def opened(config_path: str | None, state_arg: str | None, *, write: bool) -> It
     state = state_dir(config, state_arg)
     if config.journal is None and not (state / "journal.db").is_file():
         raise NoJournal(f"no journal at {state / 'journal.db'} (see --state, --config)")
+    if config.journal is not None:
+        from controller.store.backend import PostgresStore
+
+        pg = config.journal
+        dsn = pg.dsn.get_secret_value()
+        if not PostgresStore.holds_journal(dsn, pg.schema_name, pg.connect_timeout_s):
+            where = PostgresStore.where_of(dsn, pg.schema_name)
+            raise NoJournal(f"no journal in {where} (see --config)")
     from controller.service.assemble import open_journal
 
     journal = open_journal(config, state, read_only=not write)

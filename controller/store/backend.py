@@ -371,10 +371,27 @@ class PostgresStore:
         self._dsn, self.schema, self._timeout = dsn, schema, connect_timeout_s
         self._lock = threading.RLock()
         self._conn: psycopg.Connection[Row] | None = None
-        info = psycopg.conninfo.conninfo_to_dict(dsn)
-        self.where = (f"postgresql {info.get('host', 'localhost')}:{info.get('port', 5432)}"
-                      f"/{info.get('dbname', '')} schema {schema}")  # fmt: skip
+        self.where = self.where_of(dsn, schema)
         self._connect()
+
+    @staticmethod
+    def where_of(dsn: str, schema: str) -> str:
+        info = psycopg.conninfo.conninfo_to_dict(dsn)
+        return (f"postgresql {info.get('host', 'localhost')}:{info.get('port', 5432)}"
+                f"/{info.get('dbname', '')} schema {schema}")  # fmt: skip
+
+    @staticmethod
+    def holds_journal(dsn: str, schema: str, connect_timeout_s: int = 5) -> bool:
+        """Whether `schema` holds a journal (its ticks table), asked without creating anything:
+        the commands that only read or answer never create one."""
+        where = PostgresStore.where_of(dsn, schema)
+        with _pg_errors(where), psycopg.connect(
+            dsn, autocommit=True, connect_timeout=connect_timeout_s,
+            fallback_application_name="fleetgate",
+        ) as conn:  # fmt: skip
+            row = conn.execute("SELECT 1 FROM information_schema.tables WHERE table_schema = %s "
+                               "AND table_name = 'ticks'", (schema,)).fetchone()  # fmt: skip
+        return row is not None
 
     def _connect(self) -> psycopg.Connection[Row]:
         if self._conn is not None and not self._conn.closed and not self._conn.broken:
