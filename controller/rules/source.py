@@ -3,32 +3,25 @@
 The I/O half of `rulebook` (which is pure): which files a path means, reading them, and
 swapping in a new engine only when every file is valid and durable_rules accepts it.
 
-durable_rules compiles each `matches` pattern to an automaton of its own, with fixed limits
-(states, transitions) that only compiling tells, and some patterns corrupt its heap and abort
-the process (`a+%w%w+`). So `read_rulebook` compiles every new pattern first in a child
-process (`trial_main`): one it refuses, crashes or hangs on is a `path:line` problem, never a
-dead controller. Verdicts are kept per pattern for the life of the process.
+`read_rulebook` has every new `matches` pattern compiled first in a child process
+(`controller.rules.trial`): one durable_rules refuses, crashes or dwells on is a `path:line`
+problem, never a dead controller or a stalled tick.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import os
-import re
-import subprocess
-import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from controller.rules.engine import Engine, EngineError
+from controller.rules.engine import Engine
 from controller.rules.limits import show
-from controller.rules.rulebook import Problem, Rule, Rulebook, RulesError, load_texts
-from controller.rules.yamlsrc import Located
+from controller.rules.rulebook import Problem, Rulebook, RulesError, load_texts
+from controller.rules.trial import pattern_problems
 
 log = logging.getLogger(__name__)
 
@@ -104,102 +97,6 @@ def read_rulebook(
     names = [name for name, _ in named]
     pairs = [(n, t) for n, (_, t) in zip(names, texts, strict=True)]
     return replace(book, digest=contents_digest(pairs))
-
-
-# -- `matches` patterns, compiled by durable_rules in a child process -------------------------
-
-_VERDICTS: dict[str, str | None] = {}  # pattern -> why durable_rules refuses it (None: accepts)
-_TRIAL_S = 20.0  # a child's time to start, plus 2 s per pattern (the slowest seen: 0.5 s)
-_SMALLER = "; use fewer or smaller repeats and alternatives"
-_WHY = {
-    "501": "a syntax it does not read",
-    "502": "too many transitions" + _SMALLER,
-    "503": "too many states" + _SMALLER,
-    "504": "its automaton grows too large" + _SMALLER,
-    "505": "its automaton grows too large" + _SMALLER,
-    "506": "its automaton grows too large" + _SMALLER,
-    "507": "overlapping classes or alternatives it cannot combine",
-    "508": "it finds the pattern invalid",
-}
-
-
-def _matches(book: Rulebook) -> Iterator[tuple[Rule, str, str, int]]:
-    """(rule, field, pattern, line) of every `matches` condition (normal patterns have none)."""
-    for rule in book.rules:
-        for pattern in rule.when.values():
-            for fld, cond in (pattern or {}).items():
-                if isinstance(cond, dict) and isinstance(cond.get("matches"), str):
-                    line = pattern.line_of(fld) if isinstance(pattern, Located) else rule.line
-                    yield rule, str(fld), cond["matches"], line
-
-
-def pattern_problems(book: Rulebook) -> list[Problem]:
-    found = list(_matches(book))
-    _judge([p for _, _, p, _ in found if p not in _VERDICTS])
-    return [
-        Problem(rule.path, line, f"field {fld!r}: regular expression {show(p)}: {why}", rule.name)
-        for rule, fld, p, line in found
-        if (why := _VERDICTS.get(p))
-    ]
-
-
-def _judge(patterns: list[str]) -> None:
-    """Compile `patterns` in children until each has a verdict (a child that dies or hangs
-    condemns the pattern it was on, and the next child goes on after it)."""
-    todo = list(dict.fromkeys(patterns))
-    while todo:
-        lines = _trial(todo)
-        if lines is None:
-            log.warning("could not try the regular expressions in a child process")
-            return  # not judged: the engine built in this process decides
-        for pattern, line in zip(todo, lines, strict=False):
-            _VERDICTS[pattern] = _verdict(line)
-        if len(lines) < len(todo):
-            _VERDICTS[todo[len(lines)]] = "the rule engine crashes or hangs compiling it"
-        todo = todo[len(lines) + 1 :]
-
-
-def _verdict(line: str) -> str | None:
-    if line == "ok":
-        return None
-    code = line.partition(" ")[2]
-    why = _WHY.get(code, "a limit of its own")
-    return f"the rule engine refuses it (durable_rules error {code}): {why}"
-
-
-def _trial(patterns: list[str]) -> list[str] | None:
-    """The verdict lines of a child compiling `patterns`; None if it did not even start."""
-    code = "from controller.rules.source import trial_main; trial_main()"
-    root = str(Path(__file__).resolve().parents[2])
-    path = [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
-    try:
-        done = subprocess.run([sys.executable, "-c", code], input=json.dumps(patterns).encode(),
-                              capture_output=True, timeout=_TRIAL_S + 2 * len(patterns),
-                              env=env, check=False)  # fmt: skip
-        out = done.stdout
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout if isinstance(exc.stdout, bytes) else b""
-    except OSError:
-        return None
-    lines = out.decode(errors="replace").splitlines()
-    if not lines or lines[0] != "ready":
-        return None
-    return [line for line in lines[1:] if line == "ok" or line.startswith("refused ")]
-
-
-def trial_main() -> None:
-    """In the child: compile each pattern (JSON on stdin) alone; print one verdict line each."""
-    patterns = json.loads(sys.stdin.read())
-    print("ready", flush=True)
-    for pattern in patterns:
-        definition = {"rule:p": {"all": [{"m": {"$mt": {"status_msg": pattern}}}]}}
-        try:
-            Engine(Rulebook((), {}, digest="pattern", definition=definition))
-            print("ok", flush=True)
-        except EngineError as exc:
-            found = re.search(r"error code: (\d+)", str(exc))
-            print(f"refused {found[1] if found else '?'}", flush=True)
 
 
 def _engine(book: Rulebook, where: str) -> Engine:

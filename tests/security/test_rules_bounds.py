@@ -264,6 +264,31 @@ def test_a_pattern_the_engine_cannot_compile_is_refused_by_check(
     assert str(caught.value) == f"{where}: regular expression {pattern!r}: {reason}"
 
 
+def test_a_pattern_the_engine_dwells_on_is_refused_and_trying_stops_within_a_budget(
+    tmp_path: Path,
+) -> None:
+    """`(%w*%d){N}` takes durable_rules 8 to 9 s each to refuse: a reload of 6 such patterns
+    stalled a running controller's tick for 49 s. Each gets a second; after 5 s of trying, the
+    rest are problems untried."""
+    lines = ["rules:"]
+    for n in range(40, 20, -1):
+        lines += [f"  - name: m{n}", f"    when: {{instance: {{status_msg: {{matches: "
+                  f"\"(%w*%d){{{n}}}\"}}}}}}", "    then: {action: hold}",
+                  "    confidence: 0.5"]  # fmt: skip
+    (tmp_path / "x.yaml").write_text("\n".join(lines) + "\n")
+    with pytest.raises(RulesError) as caught:
+        read_rulebook([tmp_path])
+    problems = [str(p) for p in caught.value.problems]
+    assert len(problems) == 20
+    where = f"{tmp_path / 'x.yaml'}:3: rule 'm40': field 'status_msg'"
+    assert problems[0] == (f"{where}: regular expression '(%w*%d){{40}}': the rule engine "
+                           "takes over 1 s to compile it; use fewer or smaller repeats and "
+                           "alternatives")  # fmt: skip
+    untried = [p for p in problems if "not tried: trying the rules' new patterns took over "
+               "5 s (fix the ones above first)" in p]  # fmt: skip
+    assert 0 < len(untried) < 20 and problems[-1] in untried
+
+
 def write_later(path: Path, text: str) -> None:
     path.write_text(text)  # a different size: the fingerprint of the files changes
 
