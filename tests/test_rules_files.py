@@ -238,7 +238,7 @@ def test_folder_without_rules_files_is_a_problem(tmp_path: Path) -> None:
     (tmp_path / "tests" / "t.yaml").write_text("rules: []\n")  # sub-folders are not read
     with pytest.raises(RulesError) as caught:
         read_rulebook([tmp_path])
-    assert str(caught.value) == f"{tmp_path}:0: no rules files found"
+    assert str(caught.value) == f"{tmp_path}: no rules files found"
 
 
 # -- shipped rules ----------------------------------------------------------------------------

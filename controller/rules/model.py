@@ -30,7 +30,8 @@ class Problem:
 
     def __str__(self) -> str:
         where = f"rule {self.rule!r}: " if self.rule else ""
-        return f"{self.path}:{self.line}: {where}{self.message}"
+        at = f"{self.path}:{self.line}" if self.line else self.path  # 0: the file (or folder)
+        return f"{at}: {where}{self.message}"
 
 
 class RulesError(ValueError):

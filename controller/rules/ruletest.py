@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from controller import textfile
 from controller.core.decide import unmatched
 from controller.core.policy import DecideSettings
 from controller.rules.durations import parse_duration
@@ -202,7 +203,7 @@ def _test_values(where: str, test: dict[str, Any], line: int) -> list[str]:
 
 def run_file(path: Path) -> list[Result]:
     try:
-        doc = load(path.read_text(encoding="utf-8")) or {}
+        doc = load(textfile.read_text(path)) or {}
     except (OSError, YamlError) as exc:
         return [Result(str(path), "(file)", (str(exc),))]
     shape = shape_problems(str(path), doc)

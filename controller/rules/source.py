@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from controller import textfile
 from controller.rules.engine import Engine
 from controller.rules.limits import show
 from controller.rules.rulebook import Problem, Rulebook, RulesError, load_texts
@@ -79,7 +80,7 @@ def read_rulebook(
         raise RulesError([Problem(where, 0, "no rules files found")])
     for f in files:
         try:
-            texts.append((str(f), f.read_text(encoding="utf-8")))
+            texts.append((str(f), textfile.read_text(f)))
         except OSError as exc:
             problems.append(Problem(str(f), 0, f"cannot read: {exc.strerror}"))
         except UnicodeDecodeError as exc:

@@ -30,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+from controller import textfile
 from controller.core.fields import RESOLVER, Secret
 from controller.core.policy import Autonomy, Gate, Guards
 from controller.fleet.curio import CurioSettings
@@ -259,7 +260,7 @@ def load_config(path: str | None, environ: Mapping[str, str] | None = None) -> C
     if path is None:
         return Config()
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = textfile.read_text(path)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:

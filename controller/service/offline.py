@@ -26,6 +26,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
+from controller import textfile
 from controller.core.brief import brief
 from controller.core.fields import RESOLVER
 from controller.rules.rulebook import RulesError
@@ -89,7 +90,7 @@ def _with_placeholders(path: str | None, missing: list[str]) -> Config | None:
             return SecretStr(PLACEHOLDER)
 
     try:
-        doc = load(Path(str(path)).read_text(encoding="utf-8")) or Located()
+        doc = load(textfile.read_text(str(path))) or Located()
         return Config.model_validate(doc, context={RESOLVER: tolerant})
     except Exception:  # noqa: BLE001 - any other problem: the strict error stands
         return None

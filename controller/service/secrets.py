@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, SecretStr, model_validator
+
+from controller import textfile
+from controller.textfile import TooLarge
 
 
 class SecretError(ValueError):
@@ -43,7 +45,9 @@ class SecretRef(BaseModel):
                 raise SecretError(f"environment variable {self.env} is not set")
             return _remember(value.strip())
         try:
-            text = Path(str(self.file)).read_text(encoding="utf-8")
+            text = textfile.read_text(str(self.file), limit=64 * 1024)
+        except TooLarge as exc:
+            raise SecretError(f"cannot read secret file {self.file}: {exc.strerror}") from exc
         except (OSError, UnicodeDecodeError) as exc:
             raise SecretError(f"cannot read secret file {self.file}: {type(exc).__name__}") from exc
         value = text.strip().splitlines()[0].strip() if text.strip() else ""

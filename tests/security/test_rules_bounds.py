@@ -321,7 +321,7 @@ def test_an_engine_that_fails_to_build_for_any_reason_is_a_failed_reload(
     write_later(rules, MATCHES.format('"RTX 4090.*"'))
     reloaded = source.reload()
     assert reloaded is not None and not reloaded.ok and reloaded.digest == first.digest
-    assert reloaded.problems.startswith(f"{tmp_path}:0: the rule engine refused the rules: ")
+    assert reloaded.problems.startswith(f"{tmp_path}: the rule engine refused the rules: ")
     assert reloaded.problems.endswith("error code: 999")
     assert (source.book, source.engine) == (first, engine)
 
