@@ -219,6 +219,24 @@ def rules_leaving_frozen_to_people(where: Path) -> Path:
     return where
 
 
+def app_on_rules_copy(tmp_path: Path) -> tuple[Any, Path]:
+    """A controller on the simulator (seed 7, real clock) over a copy of the shipped rules in
+    `tmp_path / "rules"`, which a test then edits as a person would; state in `tmp_path`."""
+    import time
+
+    from controller.service.assemble import assemble
+    from controller.service.config import Config
+
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    root = Path(__file__).resolve().parents[1]
+    for f in (root / "rules").glob("*.yaml"):
+        (rules / f.name).write_text(f.read_text())
+    app = assemble(Config(), state=tmp_path / "state", clock=time.time, sleep=time.sleep,
+                   seed=7, rules=[str(rules)])  # fmt: skip
+    return app, rules
+
+
 @dataclass(frozen=True)
 class Claim:
     """What an instance's agent record says about it (its own word, as the fleet reads it)."""

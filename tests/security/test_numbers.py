@@ -4,15 +4,14 @@ reload that vanishes."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
+from support import app_on_rules_copy
 
 from controller.rules.rulebook import RulesError, load_texts
 from controller.rules.source import RulesSource
-from controller.service.assemble import assemble
-from controller.service.config import Config, ConfigError, parse_config
+from controller.service.config import ConfigError, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 RULE = """rules:
@@ -83,12 +82,7 @@ def test_a_rules_edit_that_fails_to_read_for_any_reason_is_a_journaled_failed_re
     last good rules in force, the tick carried out, and the file tried again once it changes
     (it was raised out of the tick, after the files' fingerprint had moved on: the broken edit
     was then ignored in silence)."""
-    rules = tmp_path / "rules"
-    rules.mkdir()
-    for f in (ROOT / "rules").glob("*.yaml"):
-        (rules / f.name).write_text(f.read_text())
-    app = assemble(Config(), state=tmp_path / "state", clock=time.time, sleep=time.sleep,
-                   seed=7, rules=[str(rules)])  # fmt: skip
+    app, rules = app_on_rules_copy(tmp_path)
     try:
         app.controller.tick()
         first = app.controller.rules.book.digest

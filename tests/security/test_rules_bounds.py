@@ -13,11 +13,11 @@ import json
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support import app_on_rules_copy
 
 from controller.core.policy import DecideSettings
 from controller.rules import expr
@@ -27,8 +27,6 @@ from controller.rules.fire import proposals_from
 from controller.rules.rulebook import Rulebook, RulesError, load_texts
 from controller.rules.ruletest import DEFAULTS
 from controller.rules.source import Reload, RulesSource, read_rulebook
-from controller.service.assemble import assemble
-from controller.service.config import Config
 
 ROOT = Path(__file__).resolve().parents[2]
 MEMORY = 2 << 30
@@ -327,12 +325,7 @@ def test_an_engine_that_fails_to_build_for_any_reason_is_a_failed_reload(
 
 
 def test_the_loop_journals_a_reload_the_engine_would_refuse(tmp_path: Path) -> None:
-    rules = tmp_path / "rules"
-    rules.mkdir()
-    for f in (ROOT / "rules").glob("*.yaml"):
-        (rules / f.name).write_text(f.read_text())
-    app = assemble(Config(), state=tmp_path / "state", clock=time.time, sleep=time.sleep,
-                   seed=7, rules=[str(rules)])  # fmt: skip
+    app, rules = app_on_rules_copy(tmp_path)
     try:
         app.controller.tick()
         first = app.controller.rules.book.digest
