@@ -126,13 +126,27 @@ def real_fleet(vast: Vast, records: Records, curio: Curio, launched: dict[str, s
 
 
 def test_only_instances_fleetgate_launched_are_its_own() -> None:
+    """Own: rented by a launch of this journal (1, and 2 that vast lists without a label), or
+    listed with the label of a launch whose create said nothing clear (6). Not: a person's
+    `fg-` label (3), another fleetgate's launch label (4), a jupyter box (5), and 7, which a
+    launch rented and a person relabelled out of the fleet."""
     vast = Vast([raw(1, "fg-1-1-0-aa", "1.0.0.1"), raw(2, "", "1.0.0.2"),
-                 raw(3, "", "1.0.0.3"), raw(4, "jupyter", "1.0.0.4", "stopped")])  # fmt: skip
-    fleet = real_fleet(vast, Records(), Curio(), launched={"2": "fg-2-3-0-bb"})
+                 raw(3, "fg-manual-box", "1.0.0.3"), raw(4, "fg-9-9-0-ee", "1.0.0.4"),
+                 raw(5, "jupyter", "1.0.0.5", "stopped"), raw(6, "fg-1-2-0-cc", "1.0.0.6"),
+                 raw(7, "keep-me", "1.0.0.7", "stopped")])  # fmt: skip
+    launched = {"1": "fg-1-1-0-aa", "2": "fg-2-3-0-bb", "7": "fg-3-1-0-dd"}
+    fleet = RealFleet(vast=vast, lifecycle=Records(), curio=Curio(),
+                      check_health=lambda instances: {}, clock=lambda: 1000.0,
+                      launched=lambda: launched,
+                      open_labels=lambda: {"fg-1-2-0-cc"})  # fmt: skip
     own = fleet.list_instances()
-    assert [i.id for i in own] == ["1", "2"]  # by label prefix; by the id its launch rented
-    assert [(i.id, i.label, i.status) for i in fleet.foreign] == [
-        ("3", "", "running"), ("4", "jupyter", "stopped")]  # fmt: skip
+    assert [i.id for i in own] == ["1", "2", "6"]
+    assert [(i.id, i.label) for i in fleet.foreign] == [
+        ("3", "fg-manual-box"),
+        ("4", "fg-9-9-0-ee"),
+        ("5", "jupyter"),
+        ("7", "keep-me"),
+    ]
 
 
 def test_the_controller_links_each_agent_to_its_instance_and_curio_node() -> None:
@@ -149,7 +163,12 @@ def test_the_controller_links_each_agent_to_its_instance_and_curio_node() -> Non
         Node("1.0.0.13:40013", running_tasks=1),
         Node("10.0.0.1:12300", running_tasks=5),
     )
-    fleet = real_fleet(vast, records, curio, launched={"12": "fg-1-1-1-bb"})
+    fleet = real_fleet(
+        vast,
+        records,
+        curio,
+        launched={"11": "fg-1-1-0-aa", "12": "fg-1-1-1-bb", "13": "fg-1-1-2-cc"},
+    )
     a, b, c = fleet.list_instances()
     assert records.links == []  # sensing writes nothing: the links wait for the tick's apply
     fleet.save_learned()

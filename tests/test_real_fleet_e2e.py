@@ -327,3 +327,35 @@ def test_one_failed_status_probe_restarts_nothing(world: World) -> None:
     assert world.actions("restart_daemon") == []
     track = world.app.journal.fleet.tracks()[str(iid)]
     assert track.daemon == "up" and track.probe_fails == 0  # the blip was counted and forgotten
+
+
+def _changes(world: World) -> list[tuple[str, str]]:
+    """The calls that change an instance (not creates): method and path."""
+    return [(r.method, r.path) for r in world.vast.requests
+            if r.method in ("PUT", "DELETE") and r.endpoint != "create"]  # fmt: skip
+
+
+def test_a_label_that_looks_like_fleetgates_is_not_fleetgates(world: World) -> None:
+    """A person's `fg-box`, another fleetgate's launch label, a bare `fg-`: they were claimed,
+    replaced as unregistered and destroyed. Only this journal's launches are its own."""
+    ids = [world.vast.add_instance(label=label)
+           for label in ("fg-manual-box", "  fg-spaced", "fg-", "fg-9-9-0-abcdef")]  # fmt: skip
+    world.tick(18)
+    assert _changes(world) == []
+    assert not [r for r in world.app.journal.actions.recent(1000) if r["action"] != "launch"]
+    foreign = {i.id for i in world.app.controller.provider.foreign}
+    assert {str(i) for i in ids} <= foreign
+
+
+def test_an_instance_relabelled_out_of_the_fleet_is_left_alone(world: World) -> None:
+    """The escalation about a stopped instance offers relabelling it out of the fleet; the
+    instance was destroyed anyway, its id being one a launch rented."""
+    world.db.post("PoRep", 2)
+    world.tick(4)
+    [iid] = sorted(world.registered)
+    with world.vast.lock:
+        world.vast._instances[iid].fields["label"] = "keep-me"
+    world.vast.set_status(iid, "stopped")
+    world.tick(70)
+    assert ("DELETE", f"/api/v0/instances/{iid}/") not in _changes(world)
+    assert str(iid) in {i.id for i in world.app.controller.provider.foreign}

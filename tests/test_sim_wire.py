@@ -137,3 +137,29 @@ def test_launches_of_instances_long_gone_are_forgotten_and_every_live_one_stays_
     listed = {i.id for i in fleet.list_instances()}
     assert listed == live and not set(fleet.launched()) & gone_long_ago
     again.close()
+
+
+def test_a_create_confirmed_late_is_owned_by_its_id_even_when_vast_shows_no_label(
+    tmp_path: Path,
+) -> None:
+    """A launch whose create said nothing clear is fleetgate's by its label while it is open;
+    once a listing confirms it, by the instance's id, whatever label vast shows from then on
+    (it was read only once, as open, and fell out of the fleet when vast dropped the label)."""
+    from support import record_action
+
+    from controller.service.fleet_path import Launched
+    from controller.store.journal import Journal
+
+    j = Journal(tmp_path / "j.db")
+    try:
+        parent = record_action(j, 0.0, action="launch", target="fleet", status="ok")
+        row = record_action(j, 0.0, action="launch", target="fleet", key="fg-late",
+                            parent_id=parent)  # fmt: skip
+        j.actions.finish(row, 1.0, "unknown", {"error": "timeout", "label": "fg-late"})
+        launched = Launched(j, lambda: 100.0)
+        assert (launched(), launched.open_labels()) == ({}, {"fg-late"})
+        j.actions.finish(row, 2.0, "ok", {"instance": "77", "label": "fg-late",
+                                          "confirmed_late": True})  # fmt: skip
+        assert (launched(), launched.open_labels()) == ({"77": "fg-late"}, set())
+    finally:
+        j.close()

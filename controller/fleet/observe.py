@@ -18,7 +18,7 @@ reported (lifecycle), whether cuzk answers (health) and what Curio says of their
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, is_dataclass, replace
 from typing import Any, Protocol, cast
 
@@ -164,9 +164,10 @@ def enrich(listed: Sequence[Instance], links: Mapping[str, Link], health: Mappin
 class RealFleet:
     """The controller's provider for a vast fleet with Curio nodes and fleetgate agents.
 
-    Only instances fleetgate launched are its own: a label with the launch prefix, or an id
-    that one of its launches rented (vast may show an empty label). Everything else on the
-    account is `foreign`: observed and shown, never managed."""
+    Only instances this journal's launches rented are its own (`split`): by the id a create
+    returned, or by the label of a launch whose create said nothing clear; one a person
+    relabelled leaves the fleet. Everything else on the account is `foreign`: observed and
+    shown, never managed."""
 
     def __init__(
         self,
@@ -178,7 +179,7 @@ class RealFleet:
         clock: Callable[[], float],
         sidecar_stale_s: float = 180.0,
         launched: Callable[[], Mapping[str, str]] = dict,
-        label_prefix: str = "fg-",
+        open_labels: Callable[[], Set[str]] = frozenset,
     ) -> None:
         self.vast = vast
         self.lifecycle = lifecycle
@@ -187,7 +188,7 @@ class RealFleet:
         self.clock = clock
         self.sidecar_stale_s = sidecar_stale_s
         self.launched = launched  # instance id -> launch label, of every launch that rented
-        self.label_prefix = label_prefix
+        self.open_labels = open_labels  # labels of launches not yet known to have rented
         self.foreign: list[Instance] = []
         self._last: dict[str, Instance] = {}
         self.learned: dict[str, tuple[str, str, str | None]] = {}  # label -> link to write
@@ -255,12 +256,24 @@ class RealFleet:
 
     def split(self, listed: Sequence[Instance], launched: Mapping[str, str] | None = None
               ) -> tuple[list[Instance], list[Instance]]:  # fmt: skip
-        """(own, foreign) by launch label prefix or launched id."""
+        """(own, foreign). Own: an instance a launch of this journal rented (by id), unless a
+        person relabelled it (vast lists a label that is not its launch's: it leaves the fleet;
+        an empty one does not, vast may show none); or one listed with the label of a launch
+        whose create did not say what it rented. A label that merely looks like fleetgate's
+        (a person's `fg-box`, another fleetgate's) is not enough."""
         launched = self.launched() if launched is None else launched
+        open_labels: Set[str] | None = None
         own: list[Instance] = []
         foreign: list[Instance] = []
         for inst in listed:
-            mine = inst.label.startswith(self.label_prefix) or inst.id in launched
+            rented_as = launched.get(inst.id)
+            if rented_as is not None:
+                mine = inst.label in ("", rented_as)
+            elif inst.label:
+                open_labels = self.open_labels() if open_labels is None else open_labels
+                mine = inst.label in open_labels
+            else:
+                mine = False
             (own if mine else foreign).append(inst)
         return own, foreign
 

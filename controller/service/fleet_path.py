@@ -102,6 +102,7 @@ class Launched:
         self._ids: dict[str, str] = {}
         self._gone: deque[tuple[float, str]] = deque()  # (when, id), oldest first
         self._skip: set[str] | None = None  # read once: went long before the first read
+        self._open: dict[int, str] = {}  # action id -> label: launches not known to have rented
 
     def __call__(self) -> dict[str, str]:
         now = self._clock()
@@ -112,9 +113,20 @@ class Launched:
                 self._ids[instance_id] = label
             self._after = action_id
         self._skip = set()  # what is read from now on was launched since: none went long ago
+        now_open = self._journal.actions.open_launches()
+        settled = sorted(set(self._open) - set(now_open))  # read open; rented since? (late)
+        for _, instance_id, label in self._journal.actions.rented_by(settled):
+            self._ids[instance_id] = label
+        self._open = now_open
         while self._gone and self._gone[0][0] <= now - self.FORGET_AFTER_S:
             self._ids.pop(self._gone.popleft()[1], None)
         return self._ids
+
+    def open_labels(self) -> set[str]:
+        """The labels of launches not yet known to have rented (a create answered nothing
+        clear, or is under way), as of the last call: an instance listed with one is
+        fleetgate's; once one is confirmed, its instance is read as rented."""
+        return set(self._open.values())
 
     def gone(self, instance_id: str) -> None:
         """The instance went: forget it `FORGET_AFTER_S` from now."""
@@ -155,9 +167,10 @@ def real_fleet(
         found: Mapping[str, Health] = seams.check_many(targets, inst.health_timeout_s)
         return found
 
+    launched = Launched(journal, clock)
     fleet = RealFleet(vast=vast, lifecycle=store, curio=curio, check_health=check_health,
                       clock=clock, sidecar_stale_s=inst.sidecar_stale_s,
-                      launched=Launched(journal, clock))  # fmt: skip
+                      launched=launched, open_labels=launched.open_labels)  # fmt: skip
     actions = FleetActions(vast=vast, lifecycle=store, curio=curio, clock=clock,
                            command_deadline_s=inst.command_deadline_s)  # fmt: skip
     return fleet, curio, store, actions

@@ -7,6 +7,7 @@ Tables: `actions`, `replacements`. An action to execute is checked against the l
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from controller.store.aggregate import Aggregate, dumps, loads
@@ -176,6 +177,24 @@ CREATE TABLE IF NOT EXISTS replacements (
         for r in rows:
             r["result"] = loads(r["result"], {})
         return rows
+
+    def open_launches(self) -> dict[int, str]:
+        """Action id -> label of the single launches whose create is not known to have rented
+        yet (intent, or an unknown outcome): an instance listed with one is fleetgate's."""
+        rows = self._all("SELECT id, key FROM actions WHERE action = 'launch' AND parent_id IS "
+                         "NOT NULL AND status IN ('intent', 'unknown')")  # fmt: skip
+        return {int(r["id"]): str(r["key"]) for r in rows if r["key"]}
+
+    def rented_by(self, action_ids: Sequence[int]) -> list[tuple[int, str, str]]:
+        """(action id, instance id, label) of those of these launches that rented (a create
+        confirmed late, say)."""
+        if not action_ids:
+            return []
+        marks = ", ".join("?" * len(action_ids))
+        rows = self._all(f"SELECT id, result FROM actions WHERE id IN ({marks}) AND status = "
+                         "'ok' ORDER BY id", tuple(action_ids))  # fmt: skip
+        return [(int(r["id"]), str(res["instance"]), str(res.get("label", "")))
+                for r in rows if (res := loads(r["result"], {})).get("instance")]  # fmt: skip
 
     def launched_after(self, action_id: int) -> list[tuple[int, str, str]]:
         """(action id, instance id, label) of every single launch that rented an instance,

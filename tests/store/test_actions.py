@@ -67,6 +67,10 @@ def test_launch_records_are_reconciled_by_label(j: Journal) -> None:
     assert [r["id"] for r in j.actions.in_flight()] == []
     assert j.actions.launched_after(0) == [(a, "7", "fg-a")]
     assert j.actions.launched_after(a) == []
+    assert j.actions.open_launches() == {b: "fg-b"}  # a rented, c failed
+    j.actions.finish(b, 170.0, "ok", {"instance": "8", "label": "fg-b", "confirmed_late": True})
+    assert j.actions.open_launches() == {}
+    assert j.actions.rented_by([b, c]) == [(b, "8", "fg-b")]
 
 
 def test_an_interrupted_run_leaves_intents_that_are_closed_once(j: Journal) -> None:
