@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+import pytest
+
 from controller.core.model import Instance
 from controller.fleet.observe import Link, RealFleet, enrich, stage_of
 from controller.fleet.vast_instances import to_instance
@@ -201,3 +203,14 @@ def test_an_agent_speaks_for_its_own_launch_label_never_by_a_vast_id_it_claims()
     [b] = fleet.list_instances()
     fleet.save_learned()
     assert b.stage == "bench" and [label for label, _ in records.links] == ["fg-b"]  # params done
+
+
+@pytest.mark.parametrize("price", [None, float("nan"), float("inf"), -0.5, "n/a"])
+def test_an_instance_vast_prices_as_no_finite_number_counts_at_the_price_cap(price: Any) -> None:
+    """Null counted as free (launches went past max_spend_per_hour); NaN or Infinity failed
+    every tick in the spend guard; text failed the whole listing."""
+    from controller.fleet.vast_instances import to_instance
+
+    inst = to_instance({**raw(1, "fg-a", "1.0.0.1"), "dph_total": price}, 0.9)
+    assert inst.dph == 0.9
+    assert to_instance({**raw(1, "fg-a", "1.0.0.1"), "dph_total": "0.25"}, 0.9).dph == 0.25

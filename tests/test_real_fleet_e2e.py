@@ -359,3 +359,15 @@ def test_an_instance_relabelled_out_of_the_fleet_is_left_alone(world: World) -> 
     world.tick(70)
     assert ("DELETE", f"/api/v0/instances/{iid}/") not in _changes(world)
     assert str(iid) in {i.id for i in world.app.controller.provider.foreign}
+
+
+def test_a_nan_price_in_the_listing_fails_no_tick(world: World) -> None:
+    """Python's JSON reads NaN: `math.floor` of the spend left raised out of every tick."""
+    world.db.post("PoRep", 2)
+    world.tick(4)
+    [iid] = sorted(world.registered)
+    with world.vast.lock:
+        world.vast._instances[iid].fields["dph_total"] = float("nan")
+    world.db.post("PoRep", 40)
+    world.tick(2)  # raised ValueError: cannot convert float NaN to integer
+    assert len(world.actions("launch")) >= 2  # the backlog still scales, the instance priced

@@ -181,7 +181,8 @@ class VastProvider:
         expect = self._expect_nonempty() if expect_nonempty is None else expect_nonempty
         raws = self._client.list_instances(expect_nonempty=expect)
         self.last_raw = {str(raw["id"]): dict(raw) for raw in raws}  # ports, address: health
-        return sorted((to_instance(raw) for raw in raws), key=lambda i: int(i.id))
+        cap = self._settings.max_dph
+        return sorted((to_instance(raw, cap) for raw in raws), key=lambda i: int(i.id))
 
     def launch(self, request: LaunchRequest) -> str:
         """Rent one instance labelled `request.label` (see the module docstring); its id."""

@@ -12,6 +12,7 @@ Pure: no HTTP, no clock.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -22,15 +23,20 @@ from controller.fleet.base import SensorError
 _BOOTING = ("provisioning", "created", "loading")
 
 
-def to_instance(raw: Mapping[str, Any]) -> Instance:
-    """One vast instance object as an `Instance`; SensorError on a field of the wrong type."""
+def to_instance(raw: Mapping[str, Any], unpriced_dph: float = 0.0) -> Instance:
+    """One vast instance object as an `Instance`; SensorError on a field of the wrong type.
+
+    A price vast does not give as a finite number of at least 0 (null, NaN, Infinity,
+    negative, text) counts as `unpriced_dph` (the client passes its price cap: the most
+    fleetgate pays), so that the spend cap never counts an instance as free."""
     iid = raw["id"]
     status = _text(raw, "actual_status") or "provisioning"
-    dph = number(raw.get("dph_total"), 0.0)
+    dph = number(raw.get("dph_total"))
+    if dph is None or dph < 0:
+        dph = unpriced_dph
     start = raw.get("start_date")
-    if dph is None or (start is not None and number(start) is None):
-        bad = "dph_total" if dph is None else "start_date"
-        raise SensorError(f"vast instance {iid!r}: {bad} is not a number ({raw.get(bad)!r})")
+    if start is not None and number(start) is None:
+        raise SensorError(f"vast instance {iid!r}: start_date is not a number ({start!r})")
     gpus = raw.get("num_gpus")
     return Instance(
         id=str(iid),
@@ -50,13 +56,14 @@ def to_instance(raw: Mapping[str, Any]) -> Instance:
 
 
 def number(value: Any, default: float | None = None) -> float | None:
-    """A JSON number (or numeric string) as float; `default` for null; None when not a number."""
+    """A JSON number (or numeric string) as float; `default` for null; None when not a finite
+    number (Python's JSON reads NaN and Infinity)."""
     if value is None:
         return default
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
-        return float(value)
+        return float(value) if math.isfinite(value) else None
     if isinstance(value, str) and re.fullmatch(r"-?\d+(\.\d+)?", value.strip()):
         return float(value)
     return None
