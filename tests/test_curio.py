@@ -260,6 +260,20 @@ def test_drain_and_undrain_by_id_and_by_host_and_port(db: CurioDB) -> None:
     assert [m.unschedulable for m in curio.machines()] == [False, True]
 
 
+def test_an_address_two_machines_announce_is_neither_drained_nor_undrained(db: CurioDB) -> None:
+    """Instances on one host share its public address; a second row with the same
+    host_and_port (the operator's node, cordoned) was undrained and drained with ours."""
+    ours = db.add_machine("10.0.0.1:12300")
+    theirs = db.add_machine("10.0.0.1:12300", unschedulable=True)
+    curio = sensor(db, allow_drain=True)
+    for verb in (curio.undrain, curio.drain):
+        with pytest.raises(SensorError, match=r"refused: 2 machines have host_and_port "
+                           r"'10.0.0.1:12300', and only one is the instance's"):  # fmt: skip
+            verb("10.0.0.1:12300")
+    assert (db.machine(ours)["unschedulable"], db.machine(theirs)["unschedulable"]) == (False, True)
+    assert curio.drain(ours) == 1  # by id, one row
+
+
 def test_drain_is_refused_unless_the_config_allows_it(db: CurioDB) -> None:
     node = db.add_machine("10.0.0.1:12300")
 

@@ -211,6 +211,7 @@ LIMIT %s
 """
 
 _SET_UNSCHEDULABLE = "UPDATE {schema}.harmony_machines SET unschedulable = %s WHERE {match}"
+_MATCHING = "SELECT count(*) FROM {schema}.harmony_machines WHERE {match}"
 # A protected node is matched by id or by host_and_port, in the same statement that writes:
 # asking for one by the other's name changes nothing either.
 _PROTECTED = """
@@ -264,7 +265,8 @@ class CurioDemand:
                 if hp and mean is not None and covered is not None]  # fmt: skip
 
     def drain(self, machine: int | str) -> int:
-        """Set `unschedulable` on a machine (by id, or by host_and_port); returns rows matched."""
+        """Set `unschedulable` on a machine (by id, or by host_and_port); returns rows matched.
+        Only that one row: when several machines have that host_and_port, nothing changes."""
         return self._set_unschedulable(machine, True)
 
     def undrain(self, machine: int | str) -> int:
@@ -290,6 +292,11 @@ class CurioDemand:
             if protected and cur.execute(self._sql(_PROTECTED, match=match),
                                          [key, protected, protected]).fetchone():  # fmt: skip
                 raise SensorError(f"{verb} of Curio machine {machine!r} refused: it is protected")
+            row = cur.execute(self._sql(_MATCHING, match=match), [key]).fetchone()
+            if row is not None and int(row[0]) > 1:  # nodes announcing one address: whose?
+                raise SensorError(f"{verb} of Curio machine {machine!r} refused: {row[0]} "
+                                  f"machines have {column} {key!r}, and only one is the "
+                                  "instance's")  # fmt: skip
             changed = cur.execute(query, [value, key]).rowcount
             if changed == 0:
                 raise SensorError(
