@@ -214,3 +214,19 @@ def test_an_instance_vast_prices_as_no_finite_number_counts_at_the_price_cap(pri
     inst = to_instance({**raw(1, "fg-a", "1.0.0.1"), "dph_total": price}, 0.9)
     assert inst.dph == 0.9
     assert to_instance({**raw(1, "fg-a", "1.0.0.1"), "dph_total": "0.25"}, 0.9).dph == 0.25
+
+
+def test_instances_on_one_host_never_take_each_others_node() -> None:
+    """11 and 12 share their host's public address. 11's agent named its node; 12's names
+    none and its node is not up: 12 took 11's node as "the only one on its address" (and its
+    drain would have cordoned 11). Once 12's node is up, it is 12's."""
+    vast = Vast([raw(11, "fg-a", "1.0.0.9"), raw(12, "fg-b", "1.0.0.9")])
+    records = Records(record("fg-a", host_and_port="1.0.0.9:40011"), record("fg-b"))
+    curio = Curio(Node("1.0.0.9:40011", running_tasks=2))
+    fleet = real_fleet(vast, records, curio, launched={"11": "fg-a", "12": "fg-b"})
+    a, b = fleet.list_instances()
+    assert (a.sidecar, a.tasks_running) == ("up", 2)
+    assert (b.sidecar, b.tasks_running) == ("unknown", 0)  # nothing to drain: it waits
+    curio.nodes.append(Node("1.0.0.9:40012", running_tasks=1))
+    a, b = fleet.list_instances()
+    assert (b.sidecar, b.tasks_running) == ("up", 1)

@@ -104,13 +104,16 @@ class Link:
 
 
 def find_node(inst_ip: str, record: Record | None, by_node: Mapping[str, Machine],
-              by_host: Mapping[str, list[Machine]]) -> Machine | None:  # fmt: skip
+              by_host: Mapping[str, list[Machine]],
+              taken: Set[str] = frozenset()) -> Machine | None:  # fmt: skip
     """The instance's Curio node: the one its agent named, if that node's host is the
-    instance's public address; else the only node on that address."""
+    instance's public address; else the only node on that address that no other instance's
+    record names (instances on one host share its address)."""
     claimed = record.host_and_port if record is not None else None
     if claimed and claimed in by_node and (not inst_ip or node_host(claimed) == inst_ip):
         return by_node[claimed]
-    on_host = by_host.get(inst_ip, []) if inst_ip else []
+    on_host = [m for m in by_host.get(inst_ip, []) if m.host_and_port not in taken] \
+        if inst_ip else []  # fmt: skip
     return on_host[0] if len(on_host) == 1 else None
 
 
@@ -291,13 +294,15 @@ class RealFleet:
         for m in machines:
             by_host.setdefault(node_host(m.host_and_port), []).append(m)
         links = {}
+        named = {r.host_and_port for r in records.values() if r.host_and_port}
         for inst in own:
             # an own instance has a launch label (vast's, else the launch's that rented it): it
             # speaks through that label's record only, never an agent's claim of its vast id
             label = inst.label or launched.get(inst.id, "")
             record = records.get(label) if label else None
             ip = self._address(inst.id)
-            node = find_node(ip, record, by_node, by_host)
+            node = find_node(ip, record, by_node, by_host, named - {record.host_and_port}
+                             if record is not None else named)  # fmt: skip
             if record is not None:
                 record = self._remember(record, inst, node)
             known = bool(record and record.host_and_port

@@ -40,6 +40,7 @@ from controller.fleet.curio import (
     _DEMAND,
     _LIVENESS,
     _MACHINES,
+    _MATCHING,
     _SET_UNSCHEDULABLE,
     _TIMINGS,
     Connection,
@@ -56,7 +57,15 @@ if TYPE_CHECKING:
 Row = tuple[Any, ...]
 TaskRow = tuple[str, int | None, float, int]  # name, owner_id, posted_time, retries
 Kind = Literal[
-    "timeout", "demand", "machines", "liveness", "timings", "set id", "set host_and_port"
+    "timeout",
+    "demand",
+    "machines",
+    "liveness",
+    "timings",
+    "set id",
+    "set host_and_port",
+    "count id",
+    "count host_and_port",
 ]
 
 TEXTS_CACHED = 64  # rendered query texts kept (the sensor has a handful of fixed queries)
@@ -164,6 +173,9 @@ class SimCurio:
         elif kind == "timings":
             window_s, names, limit = _args(args, 3)
             rows = self._timings(float(window_s), names, int(limit))
+        elif kind.startswith("count "):
+            (key,) = _args(args, 1)
+            rows = [(self._matching(kind.removeprefix("count "), key),)]
         else:
             if read_only:
                 raise psycopg.errors.ReadOnlySqlTransaction("UPDATE in a read-only transaction")
@@ -236,6 +248,11 @@ class SimCurio:
         return [(node, name, int(n), total / n, covered)
                 for (node, name), (n, total, covered) in sorted(acc.items())][:limit]  # fmt: skip
 
+    def _matching(self, column: str, key: object) -> int:
+        """_MATCHING: how many listed machines have `column = key`."""
+        return sum(1 for row in self.machines()
+                   if (row.id if column == "id" else row.host_and_port) == key)  # fmt: skip
+
     def _set_unschedulable(self, column: str, key: object, value: bool) -> int:
         """_SET_UNSCHEDULABLE on the listed machines matching `column = key`; rows matched."""
         changed = 0
@@ -295,6 +312,7 @@ def _known(schema: str) -> dict[str, Kind]:
     for column in ("id", "host_and_port"):
         match = sql.SQL("{} = %s").format(sql.Identifier(column))
         known[render(_SET_UNSCHEDULABLE, match=match)] = cast(Kind, f"set {column}")
+        known[render(_MATCHING, match=match)] = cast(Kind, f"count {column}")
     return known
 
 
