@@ -791,3 +791,17 @@ def test_restart_daemon_and_drain_are_not_vasts_to_do(fake: FakeVast, rig: MakeR
     with pytest.raises(PermanentProviderError, match="Curio does"):
         p.drain("1")
     assert fake.requests == []
+
+
+@pytest.mark.parametrize("iid", ["²", "٥٠٠١", "5001 "])
+def test_an_id_of_digits_other_than_ascii_is_no_id(iid: str) -> None:
+    """`str.isdigit` took "²" (then `int` raised out of the tick) and "٥٠٠١" (read as 5001,
+    another instance's id)."""
+    from controller.core.fields import is_digits
+    from controller.fleet.base import SensorError
+    from controller.fleet.vast_client import _listing_page
+
+    assert not is_digits(iid)
+    with pytest.raises(SensorError, match="entry 0 has no integer id"):
+        _listing_page({"instances": [{"id": iid, "label": "x"}]}, 1)
+    assert _listing_page({"instances": [{"id": "5001"}]}, 1)[0][0]["id"] == 5001

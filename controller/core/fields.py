@@ -46,3 +46,9 @@ HttpUrl = Annotated[str, AfterValidator(_http_url)]
 
 SecretHttpUrl = Annotated[SecretStr, BeforeValidator(_resolve), AfterValidator(_secret_http_url)]
 """A URL that is itself a credential (a webhook's): a Secret that must be http(s)."""
+
+
+def is_digits(text: str) -> bool:
+    """Whether `text` is ASCII digits only: `str.isdigit` also takes "²" (which `int` refuses)
+    and "٥٠٠١" (which `int` reads as 5001)."""
+    return text.isascii() and text.isdigit()

@@ -26,7 +26,7 @@ import requests
 import urllib3.exceptions
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from controller.core.fields import Secret
+from controller.core.fields import Secret, is_digits
 
 STATUS_PORT = 9821  # the port cuzk's status server listens on inside the container
 MAX_STATUS_BYTES = 1 << 20
@@ -93,7 +93,7 @@ def mapped_port(ports: Mapping[str, Any] | None, internal: int = STATUS_PORT) ->
     found: list[tuple[bool, int]] = []
     for b in bindings:
         port = str(b.get("HostPort", "")) if isinstance(b, Mapping) else ""
-        if port.isdigit() and 0 < int(port) < 65536:
+        if is_digits(port) and 0 < int(port) < 65536:
             found.append((":" in str(b.get("HostIp", "")), int(port)))
     return min(found)[1] if found else None
 

@@ -58,6 +58,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from starlette.types import Message
 
+from controller.core.fields import is_digits
 from controller.store.records import (
     LifecycleStore,
     StageOrderError,
@@ -122,7 +123,7 @@ class _CappedRoute(APIRoute):
 
         async def capped(request: Request) -> Response:
             length = request.headers.get("content-length", "")
-            if length and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+            if length and (not is_digits(length) or int(length) > MAX_BODY_BYTES):
                 return _too_large()
             body = bytearray()
             async for chunk in request.stream():

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import requests
 
+from controller.core.fields import is_digits
 from controller.fleet.base import (
     PermanentProviderError,
     ProviderError,
@@ -229,7 +230,7 @@ def _listing_page(data: Any, page: int) -> tuple[list[dict[str, Any]], str | Non
     instances = []
     for n, raw in enumerate(data["instances"]):
         iid = raw.get("id") if isinstance(raw, dict) else None
-        if isinstance(iid, str) and iid.isdigit():
+        if isinstance(iid, str) and is_digits(iid):
             iid = int(iid)
         if not isinstance(iid, int) or isinstance(iid, bool):
             raise SensorError(f"{where}: entry {n} has no integer id")
@@ -265,7 +266,7 @@ def _create_outcome(
     if isinstance(data, dict) and data.get("success") is False:
         raise PermanentProviderError(f"{what}: vast refused{fields_text(fields)}")
     contract = data.get("new_contract") if isinstance(data, dict) else None
-    if isinstance(contract, str) and contract.isdigit():
+    if isinstance(contract, str) and is_digits(contract):
         contract = int(contract)
     if not isinstance(contract, int) or isinstance(contract, bool):
         raise CreateOutcomeUnknown(offer_id, label, f"HTTP {code} without a new_contract id")
@@ -289,6 +290,6 @@ def _mutation_outcome(response: requests.Response, what: str, key: str) -> None:
 
 def _instance_number(instance_id: str) -> int:
     text = str(instance_id)
-    if not text.isdigit():
+    if not is_digits(text):
         raise PermanentProviderError(f"vast instance ids are numbers (got {instance_id!r})")
     return int(text)

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from controller.core.fields import is_digits
 from controller.fleet.base import LaunchRequest
 from controller.fleet.vast_instances import number
 
@@ -142,4 +143,4 @@ def _merge_term(term: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, 
 
 def _machine_ids(machines: Iterable[str]) -> list[int | str]:
     """vast's machine ids are integers; ids that are not stay strings (they match nothing)."""
-    return sorted((int(m) if m.isdigit() else m for m in machines), key=str)
+    return sorted((int(m) if is_digits(m) else m for m in machines), key=str)

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from controller.core.fields import is_digits
+
 MAX_ID = 2**63 - 1  # the largest id a journal row can have (SQLite and PostgreSQL BIGINT)
 _INT = re.compile(r"^-?[0-9]+$")
 
@@ -75,7 +77,7 @@ class Guard:
             return
         cap = self.cap(path)
         length = headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > cap):
+        if length is not None and (not is_digits(length) or int(length) > cap):
             await _answer(send, Refusal(413, f"body over {cap} bytes"))
             return
         await self._capped(scope, receive, send, cap)

@@ -43,6 +43,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from pydantic import SecretStr
 
+from controller.core.fields import is_digits
 from controller.core.policy import Guards
 from controller.rules.model import Rulebook
 from controller.service import autonomy
@@ -121,7 +122,7 @@ class Sessions:
         """The session's mac when `cookie` is a live session of this journal, else None."""
         expires, _, rest = (cookie or "").partition(".")
         nonce, _, mac = rest.partition(".")
-        if not expires.isdigit() or len(expires) > 12 or not nonce or len(nonce) > 64:
+        if not is_digits(expires) or len(expires) > 12 or not nonce or len(nonce) > 64:
             return None
         expected = self._mac(f"fleetgate-session:v1:{self._journal_id}:{expires}:{nonce}")
         if not hmac.compare_digest(mac.encode(), expected.encode()):
@@ -210,7 +211,7 @@ def overview(journal: Journal, now: float, view: View,
     last = last_finished_tick(journal)
     summary: dict[str, Any] = last["summary"] if last else {}
     hist = journal.fleet.history(now)
-    tracks = sorted(hist.instances.values(), key=lambda t: (t.id.isdigit(), len(t.id), t.id))
+    tracks = sorted(hist.instances.values(), key=lambda t: (is_digits(t.id), len(t.id), t.id))
     rates = {**hist.host_rates, **hist.measured_rates()}
     by_state = Counter(t.stage if t.status == "running" else t.status for t in tracks)
     instances = [

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from controller.core import forecast
+from controller.core.fields import is_digits
 from controller.core.model import Observation, Proposal, SensorStatus
 from controller.core.reconcile import VETO_REPEAT_S, veto_key
 from controller.core.sanity import check_listing
@@ -184,7 +185,7 @@ def sense(provider: Sensed, demand: DemandSensor, now: float,
 
 
 def _numeric(instance_id: str) -> tuple[int, str]:
-    return (int(instance_id), "") if instance_id.isdigit() else (0, instance_id)
+    return (int(instance_id), "") if is_digits(instance_id) else (0, instance_id)
 
 
 def _read(name: str, read: Callable[[], list[Any]], sensors: list[SensorStatus]) -> list[Any]:
