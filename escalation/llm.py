@@ -33,6 +33,7 @@ import requests
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from controller.core.fields import Secret
+from controller.fleet.retry import BodyError, read_body
 from escalation.llm_answer import _check_call, _from_json, _from_tools, _message, _raw, _tokens
 from escalation.llm_errors import LLMBudgetExceeded, LLMError, LLMInvalidAnswer, LLMUnavailable
 from escalation.llm_request import (
@@ -56,6 +57,7 @@ __all__ = [
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
+MAX_REPLY_BYTES = 1 << 20  # a chat completion's reply is kilobytes; more is no answer
 
 
 class LLMSettings(BaseModel):
@@ -180,8 +182,10 @@ class LLMClient:
         1. check the budget: calls in the last hour, tokens in the last 24 hours;
         2. render the prompt (system and user templates, the situation as a dict);
         3. build the request: the offered actions as tools, or as a JSON schema;
-        4. POST it with bearer auth and a timeout, retrying 429, 5xx, timeouts and refused
-           connections with capped exponential backoff (a numeric Retry-After wins);
+        4. POST it with bearer auth and a timeout (redirects not followed: the prompt goes to
+           the configured endpoint only; the reply read within the timeout and
+           MAX_REPLY_BYTES), retrying 429, 5xx, timeouts and refused connections with capped
+           exponential backoff (a numeric Retry-After wins);
         5. record the call and its tokens (reported, else estimated) in the usage store;
            a call that got no answer counts with 0 tokens;
         6. parse and validate the answer strictly: one tool call (or one JSON decision) naming
@@ -279,9 +283,12 @@ class LLMClient:
     def _attempt(self, body: dict[str, Any]) -> dict[str, Any] | _Retry:
         url = f"{self.settings.base_url}/chat/completions"
         try:
-            resp = self._session.post(
-                url, json=body, headers=self._headers(), timeout=self.settings.timeout_s
-            )
+            resp = self._session.post(url, json=body, headers=self._headers(),
+                                      timeout=self.settings.timeout_s, stream=True,
+                                      allow_redirects=False)  # fmt: skip
+            read_body(resp, limit=MAX_REPLY_BYTES, within_s=self.settings.timeout_s)
+        except BodyError as exc:  # a trickle, or a flood
+            return _Retry(f"the model at {self._where!r}: {exc}", cause=exc)
         except requests.Timeout as exc:
             why = f"the model at {self._where!r} did not answer within {self.settings.timeout_s}s"
             return _Retry(why, cause=exc)

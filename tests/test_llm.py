@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import re
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -526,3 +527,28 @@ def test_the_fake_lists_its_model() -> None:
         http.trust_env = False
         models = http.get(f"{fake.url}/models", timeout=5).json()
     assert models["data"][0]["id"] == "qwen-test"
+
+
+def test_a_trickling_or_redirecting_model_holds_no_call_and_gets_no_prompt(
+    client_for: Callable[..., LLMClient],
+) -> None:
+    """A reply a byte at a time kept a call for as long as it lasted (each read within the
+    timeout); a 307 to another host was followed, the prompt sent there."""
+    from channels.test_http_bounds import raw_server, trickle
+
+    from escalation.llm_errors import LLMUnavailable
+
+    with FakeOpenAI(call("replace", instance="10007")) as elsewhere:
+
+        def redirect(conn: Any) -> None:
+            conn.sendall(f"HTTP/1.1 307 Temporary Redirect\r\nLocation: {elsewhere.url}"
+                         "/chat/completions\r\nContent-Length: 0\r\n\r\n".encode())  # fmt: skip
+
+        with raw_server(redirect) as url, pytest.raises(LLMUnavailable, match="HTTP 307"):
+            client_for(url, retries=0).decide(situation(), TARGETS)
+        assert elsewhere.chat_bodies == []
+    with raw_server(trickle("200 OK", b"{" + b" " * 200 + b"}", 0.05)) as url:
+        started = time.monotonic()
+        with pytest.raises(LLMUnavailable, match="the response took over 1 s to arrive"):
+            client_for(url, timeout_s=1, retries=0).decide(situation(), TARGETS)
+        assert time.monotonic() - started < 8  # the trickle lasts 10 s

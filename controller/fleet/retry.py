@@ -1,9 +1,12 @@
-"""What every HTTP client here shares: how long to wait before a retry, and how to say why a
-request failed without quoting its URL (which may hold a secret: a webhook path, a token)."""
+"""What every HTTP client here shares: how long to wait before a retry, how to say why a
+request failed without quoting its URL (which may hold a secret: a webhook path, a token), and
+how to read a response's body within a size and a time."""
 
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable
 
 import requests
 
@@ -29,3 +32,36 @@ def retry_delay(response: requests.Response | None, attempt: int, backoff_s: flo
         return max(delay, min(float(header), MAX_RETRY_AFTER_S))
     except ValueError:
         return delay
+
+
+class BodyError(Exception):
+    """A response body over its size or time bound (the connection is closed)."""
+
+
+def read_body(response: requests.Response, *, limit: int, within_s: float,
+              clock: Callable[[], float] = time.monotonic) -> bytes:  # fmt: skip
+    """The body of a `stream=True` response: at most `limit` bytes, all of it within
+    `within_s` seconds. A read timeout bounds each wait for a byte, not the whole body: a
+    server that sends one byte a second would otherwise hold the reader for as long as it
+    likes, and one that sends gigabytes would fill memory. The body becomes the response's
+    content (`.text`, `.json()`); BodyError otherwise."""
+    deadline = clock() + within_s
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        while True:
+            if clock() > deadline:
+                raise BodyError(f"the response took over {within_s:g} s to arrive")
+            chunk = response.raw.read1(65536, decode_content=True)  # one receive at most
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > limit:
+                raise BodyError(f"the response is over {limit} bytes")
+            chunks.append(chunk)
+    except BodyError:
+        response.close()
+        raise
+    data = b"".join(chunks)
+    response._content = data  # noqa: SLF001 - what requests reads `.text` and `.json()` from
+    return data

@@ -13,8 +13,12 @@ Error messages and log lines NEVER contain the URL beyond scheme://host:port (we
 and ntfy topics are secrets), header values (tokens), or any string the caller names in
 `secrets`; the requests exception, whose text holds the full URL, is not chained.
 
+A response's body is read within twice the timeout and up to MAX_BODY bytes (`read_body`): an
+endpoint that trickles a byte at a time, or answers with gigabytes, is a failed attempt.
+
 This module must NOT know any channel's payload, read settings, or retry for long: a channel
-is called inside a tick, and the defaults keep a dead endpoint to about 16 seconds.
+is called inside a tick, and the defaults keep a dead endpoint to about 16 seconds (about 36
+for one that trickles).
 """
 
 from __future__ import annotations
@@ -25,16 +29,17 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import requests
 
-from controller.fleet.retry import reason, retry_delay
+from controller.fleet.retry import BodyError, read_body, reason, retry_delay
 from escalation.channels.base import ChannelError
 
 log = logging.getLogger(__name__)
 
 _SNIPPET = 200  # characters of a refusing response body quoted in the error
+MAX_BODY = 64 * 1024  # bytes of a response read (a channel needs a status, a short reply)
 
 Sleep = Callable[[float], None]
 _BAD_REQUEST = (
@@ -59,9 +64,15 @@ def redact_url(url: str) -> str:
 
 
 def scrub(text: str, secrets: Iterable[str]) -> str:
-    """`text` with every secret (of 4 characters or more) replaced by `***`."""
-    for secret in sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True):
-        text = text.replace(secret, "***")
+    """`text` with every secret (of 4 characters or more) replaced by `***`, as written and as
+    a far end may echo it: JSON-escaped (`\\/` for `/`, as PHP writes it) or percent-encoded."""
+    forms: set[str] = set()
+    for secret in (s for s in secrets if len(s) >= 4):
+        escaped = json.dumps(secret)[1:-1]
+        forms |= {secret, escaped, escaped.replace("/", "\\/"), quote(secret, safe=""),
+                  quote(secret)}  # fmt: skip
+    for form in sorted(forms, key=len, reverse=True):
+        text = text.replace(form, "***")
     return text
 
 
@@ -75,8 +86,10 @@ def _url_secrets(url: str) -> list[str]:
     return [url, parts.path, parts.query, parts.fragment, userinfo]
 
 
-def _snippet(response: requests.Response) -> str:
-    text = " ".join(response.text[: _SNIPPET * 2].split())
+def _snippet(response: requests.Response, hidden: Iterable[str]) -> str:
+    """The start of a refusal's body, the secrets taken out of all of it before it is cut (a
+    secret cut in half is no longer found)."""
+    text = " ".join(scrub(response.text, hidden).split())
     return f": {text[:_SNIPPET]}" if text else ""
 
 
@@ -105,19 +118,21 @@ def post_json(
     for attempt in range(retries + 1):
         response: requests.Response | None = None
         try:
-            response = session.post(
-                url, data=body, headers=all_headers, timeout=timeout_s, allow_redirects=False
-            )
+            response = session.post(url, data=body, headers=all_headers, timeout=timeout_s,
+                                    allow_redirects=False, stream=True)  # fmt: skip
+            read_body(response, limit=MAX_BODY, within_s=2 * timeout_s)
         except _BAD_REQUEST as exc:  # a malformed URL or header: no retry will mend it
             raise ChannelError(scrub(f"{where}: {type(exc).__name__}", hidden)) from None
         except requests.RequestException as exc:
             problem = reason(exc)
+        except BodyError as exc:  # a trickle, or a flood: as a timeout, tried again
+            problem, response = str(exc), None
         else:
             if response.status_code < 300:
                 return response
             problem = f"HTTP {response.status_code} {response.reason or ''}".rstrip()
             if response.status_code != 429 and response.status_code < 500:
-                raise ChannelError(scrub(f"{where}: {problem}{_snippet(response)}", hidden))
+                raise ChannelError(scrub(f"{where}: {problem}{_snippet(response, hidden)}", hidden))
         if attempt == retries:
             break
         delay = retry_delay(response, attempt, backoff_s)

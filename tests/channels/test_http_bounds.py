@@ -1,0 +1,115 @@
+"""A far end that trickles its answer or floods it holds no channel and no LLM call past its
+bound, and what it echoes back of a secret is taken out, in whatever form it echoes it."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+import requests
+
+from escalation.channels.base import ChannelError
+from escalation.channels.http import HttpClient
+
+Reply = Callable[[socket.socket], None]
+
+
+@contextmanager
+def raw_server(reply: Reply) -> Iterator[str]:
+    """A loopback server that reads a request and answers it with `reply`, as raw bytes."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    stop = threading.Event()
+
+    def serve() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(5)
+                try:
+                    conn.recv(65536)
+                    reply(conn)
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+
+
+def trickle(status: str, body: bytes, every_s: float) -> Reply:
+    def reply(conn: socket.socket) -> None:
+        conn.sendall(f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+        for i in range(len(body)):
+            conn.sendall(body[i : i + 1])
+            time.sleep(every_s)
+
+    return reply
+
+
+def flood(status: str, size: int) -> Reply:
+    def reply(conn: socket.socket) -> None:
+        conn.sendall(f"HTTP/1.1 {status}\r\nContent-Length: {size}\r\n\r\n".encode())
+        chunk = b"x" * 65536
+        for _ in range(size // len(chunk)):
+            conn.sendall(chunk)
+
+    return reply
+
+
+def echo(status: str, text: str) -> Reply:
+    def reply(conn: socket.socket) -> None:
+        body = text.encode()
+        conn.sendall(f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+
+    return reply
+
+
+def test_a_trickling_endpoint_is_a_failed_attempt_within_twice_the_timeout() -> None:
+    """200 and a 100-byte body a byte every 0.2 s: each read is within the timeout, so the
+    send took as long as the trickle (75 s for 100 kB at a byte a second)."""
+    with raw_server(trickle("200 OK", b"x" * 100, 0.2)) as url:
+        http = HttpClient(timeout_s=0.5, retries=1, backoff_s=0, sleep=lambda s: None)
+        started = time.monotonic()
+        with pytest.raises(ChannelError, match=r"the response took over 1 s to arrive \(gave up"):
+            http.post_json(url + "/hook", {"a": 1})
+        assert time.monotonic() - started < 10  # two attempts of about 1 s, not 40 s
+
+
+def test_a_flooding_endpoint_is_read_no_further_than_the_bound() -> None:
+    with raw_server(flood("400 Bad Request", 64 * 1024 * 1024)) as url:
+        http = HttpClient(timeout_s=5, retries=0, backoff_s=0, sleep=lambda s: None)
+        with pytest.raises(ChannelError, match=r"the response is over 65536 bytes"):
+            http.post_json(url + "/hook", {"a": 1})
+
+
+@pytest.mark.parametrize("form", [
+    lambda p: json.dumps({"path": p}).replace("/", "\\/"),  # PHP's json_encode
+    lambda p: requests.utils.quote(p, safe=""),  # percent-encoded
+    lambda p: "x" * 190 + p,  # echoed across the 200 characters quoted
+])  # fmt: skip
+def test_a_secret_echoed_in_a_refusal_is_taken_out_in_the_form_it_comes_back(
+    form: Callable[[str], str],
+) -> None:
+    path = "/hooks/T0ABC/B0DEF/s3cr3tW3bh00kT0k3n"
+    with raw_server(echo("400 Bad Request", form(path))) as url:
+        http = HttpClient(timeout_s=5, retries=0, backoff_s=0, sleep=lambda s: None)
+        with pytest.raises(ChannelError) as caught:
+            http.post_json(url + path, {"a": 1})
+    text = str(caught.value)
+    assert "s3cr3t" not in text and "T0ABC" not in text and "***" in text, text
