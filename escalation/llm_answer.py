@@ -138,6 +138,10 @@ def _check_call(
     confidence = _confidence(args.pop("confidence", None))
     rationale = _rationale(args.pop("rationale", None))
     params = _params(call.name, args, targets)
+    # text the model wrote (a notify's message, a reason) reaches people: one line, capped, as
+    # the rationale is (it may carry what an instance wrote, and forge lines of a message)
+    params = {k: sanitize(v.strip(), RATIONALE_CAP) if isinstance(v, str) else v
+              for k, v in params.items()}  # fmt: skip
     return (None if call.name == ESCALATE else call.name), params, confidence, rationale
 
 
