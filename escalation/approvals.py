@@ -19,12 +19,18 @@ class ApprovalError(ValueError):
     """The answer cannot be taken (unknown id, already answered, invalid action)."""
 
 
-def _pending(journal: Journal, esc_id: int) -> dict[str, Any]:
+def _pending(journal: Journal, esc_id: int, now: float) -> dict[str, Any]:
+    """The escalation, still open to an answer: pending, and before its deadline (after it,
+    its default action stands even before a tick has recorded it expired; every way of
+    answering agrees on that, the buttons, the API, the dashboard and the CLI)."""
     esc = journal.escalations.escalation(esc_id)
     if esc is None:
         raise ApprovalError(f"no escalation #{esc_id}")
     if esc["status"] != "pending":
         raise ApprovalError(f"escalation #{esc_id} is {esc['status']}, not pending")
+    if now >= float(esc["deadline"]):
+        raise ApprovalError(f"escalation #{esc_id} passed its deadline: its default action "
+                            "stands")  # fmt: skip
     return esc
 
 
@@ -62,7 +68,7 @@ def approve(
     """
     from escalation.router import off_subject
 
-    esc = _pending(journal, esc_id)
+    esc = _pending(journal, esc_id, now)
     situation = esc["situation"]
     shown = shown_proposal(journal, esc)
     if action is None:
@@ -112,7 +118,7 @@ def _default_params(esc: dict[str, Any], action: str) -> dict[str, Any]:
 
 
 def deny(journal: Journal, esc_id: int, *, by: str, now: float) -> None:
-    _pending(journal, esc_id)
+    _pending(journal, esc_id, now)
     if not journal.escalations.answer(esc_id, status="denied", by=by, now=now, answer=None):
         raise ApprovalError(f"escalation #{esc_id} was answered meanwhile")
 

@@ -121,8 +121,13 @@ class Fleet:
         self.vast, self.lifecycle = Vast(hosts), Lifecycle(hosts)
         self.now = T0
         self.fleet = RealFleet(vast=self.vast, lifecycle=self.lifecycle, curio=self.curio,
-                               check_health=lambda _: {}, clock=lambda: self.now)  # fmt: skip
+                               check_health=lambda _: {}, clock=lambda: self.now,
+                               launched=self.launched)  # fmt: skip
         self.journal = journal
+
+    def launched(self) -> dict[str, str]:
+        """What the journal's launches rented: every host's instance (they are all the fleet's)."""
+        return {i.id: i.label for i in self.vast.list_instances()}
 
     def tick(self, hosts: list[Host] | None = None) -> Gathered:
         """One gather and the journaling of what it revealed (as a tick's apply does)."""

@@ -37,6 +37,11 @@ def api(tmp_path: Path) -> Iterator[tuple[str, Journal]]:
         yield base, journal
 
 
+# far ahead: a pasted CLI line answers on the simulator's clock (its virtual 2025), and an
+# escalation past its deadline takes no answer
+DEADLINE = 4_000_000_000.0
+
+
 def raise_one(j: Journal) -> int:
     situation = {
         "kind": "unmatched",
@@ -61,7 +66,7 @@ def raise_one(j: Journal) -> int:
         "created_at": 100.0,
     }
     return j.escalations.add_escalation(fingerprint="fp", kind="unmatched", subject="instance:7",
-                                        summary="frozen", now=100.0, deadline=2000.0,
+                                        summary="frozen", now=100.0, deadline=DEADLINE,
                                         situation=situation,
                                         default_action=HOLD)  # fmt: skip
 

@@ -34,6 +34,7 @@ ALLOWED = ["hold", "notify", "reboot", "destroy", "drain", "replace", "block_hos
 
 
 HOLD = {"action": "hold", "params": {}}
+DEADLINE = 4_000_000_000.0  # the CLI answers on the simulator's clock (its virtual 2025)
 
 
 @pytest.fixture
@@ -217,7 +218,7 @@ def escalate_about(j: Journal, subject: str, proposals: list[dict[str, Any]],
                  "created_at": 100.0}  # fmt: skip
     return j.escalations.add_escalation(fingerprint=subject, kind=situation["kind"],
                                         subject=subject, summary="s", now=100.0,
-                                        deadline=2000.0, situation=situation,
+                                        deadline=DEADLINE, situation=situation,
                                         default_action=HOLD)  # fmt: skip
 
 
@@ -296,3 +297,22 @@ def test_params_without_an_action_change_the_shown_proposal_as_typed(tmp_path: P
                                                            "params": {"count": 1}}  # fmt: skip
     finally:
         j.close()
+
+
+def test_an_escalation_past_its_deadline_takes_no_answer_before_a_tick_expires_it(
+    api: tuple[str, Journal],
+) -> None:
+    """The button refused after the deadline; the API, the dashboard and the CLI approved."""
+    base, j = api
+    late = j.escalations.add_escalation(fingerprint="late", kind="unmatched",
+                                        subject="instance:10001", summary="frozen", now=100.0,
+                                        deadline=NOW - 1, situation=j.escalations.escalation(
+                                            escalate(j))["situation"],
+                                        default_action=HOLD)  # fmt: skip
+    op = TOKEN.get_secret_value()
+    for decision in ("approve", "deny"):
+        refused = post(base, late, {"decision": decision}, op)
+        assert refused.status_code == 422 and "passed its deadline" in refused.json()["detail"]
+    assert j.escalations.escalation(late)["status"] == "pending"  # the tick expires it
+    with pytest.raises(approvals.ApprovalError, match="passed its deadline"):
+        approvals.approve(j, late, by="ops", now=NOW, action="hold")

@@ -90,7 +90,7 @@ def test_an_instance_on_the_operators_address_claiming_its_node_is_not_linked(
     claim = Claim("fg-a", "running", 10.0, OPERATOR, vast_id="5001")
     fleet = RealFleet(vast=Vast("10.9.9.9"), lifecycle=Lifecycle(claim),
                       curio=curio(db, [OPERATOR]), check_health=lambda _: {},
-                      clock=lambda: 1000.0)  # fmt: skip
+                      clock=lambda: 1000.0, launched=lambda: {"5001": "fg-a"})  # fmt: skip
     [inst] = fleet.list_instances()
     assert inst.tasks_running == 0 and inst.drained is False and inst.sidecar == "down"
     assert "fg-a" not in fleet.learned or fleet.learned["fg-a"][2] is None
@@ -167,9 +167,10 @@ def test_a_self_reported_rate_does_not_rank_a_host_curio_timed_as_slow_first(
     db.conn.execute(history, [1800, 1800, 1800, "10.4.0.1:12300"])
     db.conn.execute(history, [150, 150, 150, "10.4.0.2:12300"])
     demand = curio(db, [])
+    rented = {i.id: i.label for i in TwoHosts().list_instances()}  # the fleet's launches
     fleet = RealFleet(vast=TwoHosts(), lifecycle=TwoClaims({"5001": max_plausible("RTX 4090"),
                       "5002": 25.0}), curio=demand, check_health=lambda _: {},
-                      clock=lambda: 1000.0)  # fmt: skip
+                      clock=lambda: 1000.0, launched=lambda: rented)  # fmt: skip
     journal = Journal(tmp_path / "j.db")
     try:
         for now in (1000.0, 1060.0):
