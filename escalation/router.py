@@ -306,7 +306,8 @@ class Escalator:
         esc["routing"] = why
         # Approve runs what the message shows: its first proposal, saved with the escalation
         self.journal.meta.put(shown_key(esc_id), s.proposals[0] if s.proposals else None)
-        out = Notifier(channels, self.notifier.renderer).deliver(esc, self.how(esc_id))
+        how = self.how(esc_id, proposed=bool(s.proposals))
+        out = Notifier(channels, self.notifier.renderer).deliver(esc, how)
         for d in out:
             self.journal.escalations.add_delivery(esc_id, d.channel, now, d.ok, d.detail)
         return out
@@ -329,7 +330,10 @@ class Escalator:
                 errors.append(f"{getattr(channel, 'name', '?')}: {exc}")
         return errors
 
-    def how(self, esc_id: int) -> dict[str, str]:
+    def how(self, esc_id: int, proposed: bool = True) -> dict[str, str]:
+        """How to answer escalation `esc_id`, as messages print it. Without a proposal
+        (`proposed` false) there is nothing for a bare approve to run: no approve by HTTP, and
+        the channels' Approve buttons are left out (the CLI line names `--action NAME`)."""
         how = {"approve_cli": f"{self.cli_prefix} escalations approve {esc_id}",
                "deny_cli": f"{self.cli_prefix} escalations deny {esc_id}"}  # fmt: skip
         if self.answer_url:
@@ -337,7 +341,7 @@ class Escalator:
             url = f"{base}/v1/escalations/{esc_id}/answer"
             how["answer_url"] = url
             how["view_url"] = f"{base}/escalations/{esc_id}"  # a GET page: how to answer
-            for decision in ("approve", "deny"):
+            for decision in ("approve", "deny") if proposed else ("deny",):
                 how[f"{decision}_http"] = (
                     'curl -sS -X POST -H "Authorization: Bearer $FLEETGATE_API_TOKEN" '
                     f"-H 'Content-Type: application/json' "

@@ -153,6 +153,7 @@ class NtfyChannel:
                 "clear": True,
             }
             for label, decision in (("Approve", "approve"), ("Deny", "deny"))
+            if decision == "deny" or esc.get("proposals")  # no proposal: nothing to approve
         ]
 
     def _secret_values(self) -> list[str]:

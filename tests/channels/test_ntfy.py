@@ -82,6 +82,16 @@ def test_the_buttons_post_the_decision_to_the_answer_url_with_a_capability(
     assert API_TOKEN.get_secret_value() not in rx.requests[0].body.decode()
 
 
+def test_without_a_proposal_there_is_no_approve_button(
+    rx: Receiver, http: HttpClient, esc: dict[str, Any], how: dict[str, Any]
+) -> None:
+    """A bare approve runs the proposal the message showed: with none, the button always
+    came back 422 (a button may not name an action)."""
+    esc = dict(esc, journal_id="j1", deadline=1_700_000_000.0, proposals=[])
+    send(ntfy(rx.url, http), esc, how)
+    assert [a["label"] for a in rx.requests[0].json["actions"]] == ["Deny"]
+
+
 def test_no_answer_url_means_no_buttons(
     rx: Receiver, http: HttpClient, esc: dict[str, Any], how: dict[str, Any]
 ) -> None:

@@ -163,3 +163,17 @@ def test_the_printed_fleetgate_lines_work_as_pasted(tmp_path: Path, template: st
         assert len(approvals.approved_proposals(j)) == 1
     finally:
         j.close()
+
+
+def test_without_a_proposal_no_approve_by_http_is_printed(tmp_path: Path) -> None:
+    """`{"decision": "approve"}` without an action on an escalation with no proposal is a
+    422: the message printed it all the same."""
+    j = Journal(tmp_path / "j.db")
+    try:
+        e = Escalator(j, Notifier([], Renderer()), window_s=60, deadline_s=1900,
+                      answer_url="http://127.0.0.1:8765")  # fmt: skip
+        assert "approve_http" in e.how(3) and "deny_http" in e.how(3)
+        bare = e.how(3, proposed=False)
+        assert "approve_http" not in bare and "deny_http" in bare
+    finally:
+        j.close()
