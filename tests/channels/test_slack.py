@@ -150,3 +150,14 @@ def test_the_summary_carries_why_people_the_fleet_the_budget_and_the_page(
     assert "*Fleet:* `running=10 frozen=1 spend_per_h=4.5 pending_tasks=30`" in summary
     assert "*Budget left:* `spend_left_per_h=5.5 launches_left_1h=3`" in summary
     assert f"<{how['view_url']}|open escalation #12>" in summary
+
+
+def test_a_long_reason_cuts_the_summary_never_its_link_to_the_page(
+    rx: Receiver, http: HttpClient, make_esc: Any, how: dict[str, Any]
+) -> None:
+    """The block's cut at Slack's 3,000 characters took the page's link off the end."""
+    esc = make_esc(routing="the LLM wrote " + "words " * 500)
+    send(slack(rx.url, http), esc, how)
+    summary = rx.requests[0].json["blocks"][1]["text"]["text"]
+    assert len(summary) <= 2900 and "…" in summary
+    assert summary.endswith(f"<{how['view_url']}|open escalation #12>"), summary[-200:]
