@@ -11,12 +11,15 @@ downgrade); "none" sends in plain (a local relay).
 
 Retried (the whole transaction, `retries` times, waiting backoff_s, 2*backoff_s, ...):
 connection errors, timeouts, a dropped connection and transient 4xx replies. Any 5xx reply, a
-TLS failure or a refused login is a ChannelError at once. The password never appears in a log
-line or an error. Must NOT render, retry for long or queue mail: a relay's job.
+TLS failure or a refused login is a ChannelError at once; a message some recipients refused
+and others took is sent (a warning names the refused: retrying would send it to the others
+again). The password never appears in a log line or an error, nor does its base64. Must NOT
+render, retry for long or queue mail: a relay's job.
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 import smtplib
 import ssl
@@ -200,9 +203,9 @@ class EmailChannel:
             raise ChannelError(f"{where}: TLS failed: {exc}") from exc
         except OSError as exc:  # refused, unreachable, timed out
             raise _Transient(f"cannot connect: {type(exc).__name__}: {exc}") from exc
-        if refused:
+        if refused:  # the others have it: failing would send it to them again on every retry
             reasons = {to: _reply(code, msg) for to, (code, msg) in refused.items()}
-            raise ChannelError(f"{where}: sent, but refused for {reasons}")
+            log.warning("%s", self._scrub(f"{where}: sent, but refused for {reasons}"))
 
     def _connect(self) -> smtplib.SMTP:
         if self.security == "tls":
@@ -215,7 +218,20 @@ class EmailChannel:
         return self._context or ssl.create_default_context()
 
     def _scrub(self, text: str) -> str:
-        return scrub(text, [self._password.get_secret_value()] if self._password else [])
+        """`text` without the password, nor the base64 an AUTH exchange carries it in (a
+        server may echo `AUTH PLAIN <base64>` in its refusal)."""
+        if self._password is None:
+            return text
+        password = self._password.get_secret_value()
+        user = self.username or ""
+        forms = [
+            password,
+            *(
+                base64.b64encode(raw.encode()).decode()
+                for raw in (password, f"\0{user}\0{password}", f"{user}\0{user}\0{password}")
+            ),
+        ]
+        return scrub(text, forms)
 
 
 def _reply(code: int, msg: bytes | str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -195,14 +196,18 @@ def test_a_permanent_reply_is_not_retried(
     assert sleeps == []
 
 
-def test_refused_recipients_are_errors(
-    mailbox: tuple[Mailbox, int], esc: dict[str, Any], how: dict[str, Any]
-) -> None:
+def test_a_refused_recipient_is_a_warning_and_every_one_refused_an_error(
+    mailbox: tuple[Mailbox, int], esc: dict[str, Any], how: dict[str, Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """One refused, the other took it: an error made the outbox send it again, and the one
+    who had it got a copy per retry."""
     box, port = mailbox
     box.refuse = {"oncall@example.com"}
-    with pytest.raises(ChannelError, match=r"sent, but refused for .*oncall@example\.com.*550"):
+    with caplog.at_level("WARNING", logger="escalation.channels.email"):
         send(email(port), esc, how)
-    assert box.messages[0][0].rcpt_tos == ["ops@example.com"]
+    assert [m[0].rcpt_tos for m in box.messages] == [["ops@example.com"]]
+    assert re.search(r"sent, but refused for .*oncall@example\.com.*550", caplog.text)
     with pytest.raises(ChannelError, match="every recipient refused"):
         send(email(port, recipients=("oncall@example.com",)), esc, how)
 
@@ -246,3 +251,15 @@ def test_a_long_subject_is_cut_at_a_word_within_150_characters(
     subject = msg["Subject"]
     assert len(subject) <= 150 and subject.endswith("-frozen…")  # a whole word, then the mark
     assert subject.removesuffix("…").split()[-1] in summary.split()
+
+
+def test_a_refusal_that_echoes_the_login_shows_no_password_in_any_encoding() -> None:
+    """A server may echo `AUTH PLAIN <base64 of \\0user\\0password>` in its 535 reply."""
+    import base64
+
+    channel = email(25)
+    plain = base64.b64encode(f"\0{USER}\0{PASSWORD}".encode()).decode()
+    login = base64.b64encode(PASSWORD.encode()).decode()
+    text = channel._scrub(f"535 bad AUTH PLAIN {plain}; AUTH LOGIN {login}; {PASSWORD}")
+    assert plain not in text and login not in text and PASSWORD not in text
+    assert text == "535 bad AUTH PLAIN ***; AUTH LOGIN ***; ***"
