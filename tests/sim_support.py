@@ -8,6 +8,7 @@ wire, as `fleetgate run` does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from controller.core.model import Demand, Health, Instance
@@ -79,14 +80,33 @@ def sim_fleet(sim: Simulation, journal: Journal, agents: dict[str, Any] | None =
     wire = SimWire(sim, AgentSettings.model_validate(agents or {}))
     fleet, curio, store, actions = real_fleet(sim_settings(), journal, sim.now, wire.seams)
     wire.attach(InstanceService(store, sim.now))
-    return ReadAndAct(fleet, actions), curio, wire
+    provider = ReadAndAct(fleet, actions, journal, sim.now)
+    provider.own([(i.id, i.label) for i in sim.world.live_instances()])  # booted by the test
+    return provider, curio, wire
 
 
 class ReadAndAct:
-    """The fleet path's sensor and its actions as one provider (what a test drives by hand)."""
+    """The fleet path's sensor and its actions as one provider (what a test drives by hand).
+    What it launches, and what the test put in the world, is the journal's: only a journal's
+    launches are a fleet's own."""
 
-    def __init__(self, sensor: Any, actions: Any) -> None:
-        self.sensor, self.actions = sensor, actions
+    def __init__(self, sensor: Any, actions: Any, journal: Journal,
+                 now: Callable[[], float]) -> None:  # fmt: skip
+        self.sensor, self.actions, self.journal, self.now = sensor, actions, journal, now
+
+    def own(self, rented: list[tuple[str, str]]) -> None:
+        """Record these as the journal's launches, unless one is already (the actuator's own
+        launch rows), before the launch budgets' windows: a test's set-up spends none."""
+        query = self.journal.store.query
+        new = [(iid, label) for iid, label in rented
+               if not query("SELECT 1 FROM actions WHERE key = ?", (label,))]  # fmt: skip
+        if new:
+            self.journal.actions.import_launches(new, self.now() - 2 * 86_400.0, "test")
+
+    def launch(self, request: Any) -> str:
+        iid: str = self.actions.launch(request)
+        self.own([(iid, request.label)])
+        return iid
 
     def list_instances(self) -> list[Instance]:
         found: list[Instance] = self.sensor.list_instances()

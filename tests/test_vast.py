@@ -183,11 +183,12 @@ def test_vast_fields_map_onto_instance(fake: FakeVast, rig: MakeRig) -> None:
 
 def test_to_instance_reads_null_status_as_provisioning_and_refuses_wrong_types() -> None:
     raw = {"id": 9, "actual_status": None, "label": None, "machine_id": 3, "dph_total": None}
-    inst = to_instance(raw)
+    inst = to_instance(raw, 0.9)
     assert (inst.status, inst.stage, inst.label, inst.dph, inst.start_date) == (
-        "provisioning", "provisioning", "", 0.0, None)  # fmt: skip
+        "provisioning", "provisioning", "", 0.9, None)  # fmt: skip
+    assert to_instance({**raw, "dph_total": "cheap"}, 0.9).dph == 0.9  # unpriced: at the cap
     bad: dict[str, Any]
-    for bad in ({"dph_total": "cheap"}, {"label": ["x"]}, {"start_date": {}}):
+    for bad in ({"label": ["x"]}, {"start_date": {}}):
         with pytest.raises(SensorError, match="vast instance 9"):
             to_instance({**raw, **bad})
 

@@ -91,6 +91,25 @@ CREATE TABLE IF NOT EXISTS replacements (
                  verdict, why, guard, status, key, escalation_id, parent_id, token),
             )  # fmt: skip
 
+    def import_launches(self, rented: Sequence[tuple[str, str]], at: float, proposer: str) -> None:
+        """Record (instance id, label) pairs rented outside this journal's ticks (a benchmark's
+        world of thousands, built at once) as one launch and its children at `at`, in one
+        transaction: the instances are then this journal's, as if its launches had rented them
+        (at a time before the launch budgets' windows, they spend none of them)."""
+        with self.tx() as db:
+            parent = db.insert(
+                "INSERT INTO actions(at, action, target, params, proposer, reason, verdict, why, "
+                "status) VALUES (?, 'launch', 'fleet', ?, ?, 'imported', 'act', 'imported', "
+                "'ok')", (at, dumps({"count": len(rented)}), proposer),
+            )  # fmt: skip
+            db.executemany(
+                "INSERT INTO actions(at, action, target, params, proposer, reason, verdict, why, "
+                "status, key, parent_id, result) VALUES (?, 'launch', 'fleet', ?, ?, 'imported', "
+                "'act', 'imported', 'ok', ?, ?, ?)",
+                [(at, dumps({"label": label}), proposer, label, parent,
+                  dumps({"instance": iid, "label": label})) for iid, label in rented],
+            )  # fmt: skip
+
     def _check_fence(self, db: Tx) -> int | None:
         fence = self.fence
         if fence is None:

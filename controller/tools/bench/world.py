@@ -219,6 +219,10 @@ class SimBench:
             str(FIRST_INSTANCE_ID + i): {TOKEN_ENV: issue(f"fg-bench-{i}", clock())}
             for i in range(n)
         }
+        journal.actions.import_launches(  # the fleet is this journal's: its launches rented it,
+            [(str(FIRST_INSTANCE_ID + i), f"fg-bench-{i}") for i in range(n)],  # days ago
+            clock() - 2 * 86_400.0, "bench",
+        )  # fmt: skip
         self._machine_ids = list(self.sim.world.machines)
         self._install(exited_serves=True)  # before the exits: every agent that ran registers
         self._agents_step()
