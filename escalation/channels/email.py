@@ -38,6 +38,7 @@ from escalation.channels.base import ChannelError
 from escalation.channels.http import scrub
 
 log = logging.getLogger(__name__)
+_LOOPBACK = ("127.0.0.1", "::1", "localhost")  # a relay on this machine: no wire to read
 
 Security = Literal["starttls", "tls", "none"]
 MAX_SUBJECT = 200
@@ -128,6 +129,9 @@ class EmailChannel:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         check_email(security, recipients, timeout_s, retries, backoff_s, username, password)
+        if security == "none" and username is not None and host not in _LOOPBACK:
+            log.warning("email channel %r: security none sends the login (%s) in plain text "
+                        "to %s; use starttls or tls", name, username, host)  # fmt: skip
         self.name = name
         self.host, self.port, self.security = host, port, security
         self.username, self._password = username, password

@@ -263,3 +263,16 @@ def test_a_refusal_that_echoes_the_login_shows_no_password_in_any_encoding() -> 
     text = channel._scrub(f"535 bad AUTH PLAIN {plain}; AUTH LOGIN {login}; {PASSWORD}")
     assert plain not in text and login not in text and PASSWORD not in text
     assert text == "535 bad AUTH PLAIN ***; AUTH LOGIN ***; ***"
+
+
+def test_a_login_in_plain_text_to_another_host_is_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level("WARNING", logger="escalation.channels.email"):
+        EmailChannel("smtp.example.com", 25, "none", USER, SecretStr(PASSWORD),
+                     "fleetgate@example.com", ("ops@example.com",))  # fmt: skip
+        EmailChannel("127.0.0.1", 25, "none", USER, SecretStr(PASSWORD),
+                     "fleetgate@example.com", ("ops@example.com",))  # fmt: skip
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert "sends the login" in warning and "smtp.example.com" in warning
+    assert PASSWORD not in caplog.text
