@@ -9,6 +9,9 @@ security: "tls" connects with TLS (SMTPS, usually port 465); "starttls" connects
 must upgrade (usually 587; a server that does not offer STARTTLS is an error, never a silent
 downgrade); "none" sends in plain (a local relay).
 
+A timeout bounds each reply, and one connection's whole exchange is bounded too
+(EXCHANGE_TIMEOUTS timeouts): a server that trickles its replies is a transient failure.
+
 Retried (the whole transaction, `retries` times, waiting backoff_s, 2*backoff_s, ...):
 connection errors, timeouts, a dropped connection and transient 4xx replies. Any 5xx reply, a
 TLS failure or a refused login is a ChannelError at once; a message some recipients refused
@@ -20,9 +23,12 @@ render, retry for long or queue mail: a relay's job.
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import smtplib
+import socket
 import ssl
+import threading
 import time
 from collections.abc import Callable, Sequence
 from email.header import Header
@@ -39,6 +45,7 @@ from escalation.channels.http import scrub
 
 log = logging.getLogger(__name__)
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")  # a relay on this machine: no wire to read
+EXCHANGE_TIMEOUTS = 3  # one connection's whole exchange, in timeouts
 
 Security = Literal["starttls", "tls", "none"]
 MAX_SUBJECT = 200
@@ -181,9 +188,37 @@ class EmailChannel:
         return msg
 
     def _transaction(self, message: Message, where: str) -> None:
-        """One connection: TLS, login, send. _Transient to retry; ChannelError to give up."""
+        """One connection within EXCHANGE_TIMEOUTS timeouts in all (a timeout bounds each
+        reply, and a server that sends its replies a few bytes at a time would hold the
+        outbox as long as it likes): past it, the socket is shut and it is a transient."""
+        smtp = self._unconnected()
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            sock = smtp.sock
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+        limit = EXCHANGE_TIMEOUTS * self.timeout_s
+        timer = threading.Timer(limit, expire)
+        timer.daemon = True
+        timer.start()
         try:
-            with self._connect() as smtp:
+            self._exchange(smtp, message, where)
+        except (_Transient, ChannelError) as exc:
+            if expired.is_set():
+                raise _Transient(f"the exchange took over {limit:g} s") from exc
+            raise
+        finally:
+            timer.cancel()
+
+    def _exchange(self, smtp: smtplib.SMTP, message: Message, where: str) -> None:
+        """Connect, TLS, login, send. _Transient to retry; ChannelError to give up."""
+        try:
+            with smtp:
+                smtp.connect(self.host, self.port)
                 if self.security == "starttls":
                     smtp.starttls(context=self._ssl_context())
                 if self.username is not None and self._password is not None:
@@ -211,12 +246,14 @@ class EmailChannel:
             reasons = {to: _reply(code, msg) for to, (code, msg) in refused.items()}
             log.warning("%s", self._scrub(f"{where}: sent, but refused for {reasons}"))
 
-    def _connect(self) -> smtplib.SMTP:
-        if self.security == "tls":
-            return smtplib.SMTP_SSL(
-                self.host, self.port, timeout=self.timeout_s, context=self._ssl_context()
-            )
-        return smtplib.SMTP(self.host, self.port, timeout=self.timeout_s)
+    def _unconnected(self) -> smtplib.SMTP:
+        """The client, not yet connected (so that the watchdog holds it before the greeting is
+        read). smtplib takes the name TLS checks the certificate against (`_host`) only from
+        its constructor, which would connect at once: it is set here."""
+        smtp = (smtplib.SMTP_SSL(timeout=self.timeout_s, context=self._ssl_context())
+                if self.security == "tls" else smtplib.SMTP(timeout=self.timeout_s))  # fmt: skip
+        smtp._host = self.host  # type: ignore[attr-defined]  # noqa: SLF001 - see the docstring
+        return smtp
 
     def _ssl_context(self) -> ssl.SSLContext:
         return self._context or ssl.create_default_context()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import socket
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from email import message_from_bytes, policy
@@ -276,3 +277,37 @@ def test_a_login_in_plain_text_to_another_host_is_warned_about(
     [warning] = [r.getMessage() for r in caplog.records]
     assert "sends the login" in warning and "smtp.example.com" in warning
     assert PASSWORD not in caplog.text
+
+
+def test_a_server_that_trickles_its_replies_holds_the_channel_three_timeouts_at_most() -> None:
+    """Each byte within the timeout: smtplib waited as long as the server liked (42 s for a
+    2 s timeout), and the outbox with it."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def greet_slowly() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            for byte in b"220 mail.example.com ESMTP slow\r\n":
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    return
+                time.sleep(0.4)
+
+    server = threading.Thread(target=greet_slowly, daemon=True)
+    server.start()
+    channel = EmailChannel("127.0.0.1", listener.getsockname()[1], "none", None, None,
+                           "fleetgate@example.com", ("ops@example.com",), timeout_s=1.0,
+                           retries=0)  # fmt: skip
+    started = time.monotonic()
+    try:
+        with pytest.raises(ChannelError, match=r"the exchange took over 3 s \(gave up after 1"):
+            channel.send({"id": 1}, "Subject: s\n\nbody")
+        assert time.monotonic() - started < 8  # the greeting alone takes 14 s
+    finally:
+        listener.close()
