@@ -607,6 +607,19 @@ def test_a_cursor_that_goes_round_in_circles_is_a_sensor_error(
         rig().client.list_instances()
 
 
+def test_a_cursor_that_names_fresh_tokens_without_going_on_is_a_sensor_error(
+    fake: FakeVast, rig: MakeRig
+) -> None:
+    """A new token every page and the same instance: it paged on to 4,000 pages, about 67
+    minutes of one tick at vast's pace."""
+    pages = [Status(200, f'{{"instances": [{{"id": 1}}], "next_token": "t{n}"}}')
+             for n in range(5)]  # fmt: skip
+    fake.script("list", *pages)
+    with pytest.raises(SensorError, match="page 2 lists no instance not listed before"):
+        rig().client.list_instances()
+    assert len(fake.of("list")) == 2
+
+
 def test_an_empty_listing_that_vast_says_is_not_empty_is_a_sensor_error(
     fake: FakeVast, rig: MakeRig
 ) -> None:

@@ -103,12 +103,16 @@ class VastClient:
             data = self._list_page(page, token)
             instances, token, total = _listing_page(data, page)
             claimed = max(claimed, total)
+            before = len(rows)
             for raw in instances:
                 rows.setdefault(raw["id"], raw)
             if not token:
                 break
             if token in seen:
                 raise SensorError(f"vast instance list: page {page} repeats an earlier next_token")
+            if len(rows) == before:  # fresh tokens, no new instance: it would go on for ever
+                raise SensorError(f"vast instance list: page {page} lists no instance not "
+                                  "listed before, and names a next page")  # fmt: skip
             seen.add(token)
         else:
             raise SensorError(f"vast instance list: still paging after {MAX_PAGES} pages")
