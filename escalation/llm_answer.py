@@ -170,4 +170,7 @@ def _tokens(reply: dict[str, Any], messages: Sequence[dict[str, str]], raw: str)
     total = usage.get("total_tokens") if isinstance(usage, dict) else None
     if isinstance(total, int) and not isinstance(total, bool) and total >= 0:
         return total
-    return max(1, (len(json.dumps(list(messages), ensure_ascii=False)) + len(raw)) // 4)
+    # no usage reported: about 4 characters a token, of the prompt and of the whole reply (the
+    # journal keeps `raw` capped; a reply of a megabyte spends its budget all the same)
+    answer = max(len(raw), len(json.dumps(reply, ensure_ascii=False)))
+    return max(1, (len(json.dumps(list(messages), ensure_ascii=False)) + answer) // 4)

@@ -220,8 +220,25 @@ def test_a_missing_usage_is_estimated_from_the_characters(
     with FakeOpenAI(call("hold"), report_usage=False) as fake:
         answer = client_for(fake.url).decide(situation(), TARGETS)
         sent = fake.chat_bodies[0]["messages"]
-    assert answer.tokens == (len(json.dumps(sent, ensure_ascii=False)) + len(answer.raw)) // 4
+    prompt = len(json.dumps(sent, ensure_ascii=False))
+    assert (prompt + len(answer.raw)) // 4 <= answer.tokens <= (prompt + len(answer.raw)) // 4 + 60
     assert usage.calls == [(NOW, answer.tokens)]
+
+
+def test_a_huge_reply_without_usage_spends_its_size_of_the_budget(
+    client_for: Callable[..., LLMClient], usage: MemoryUsage
+) -> None:
+    """The estimate counted the answer as the journal keeps it (2,000 characters at most), so
+    a reply of half a megabyte cost the token budget next to nothing."""
+    from fakes.openai_server import RawBody
+
+    tool = {"id": "c0", "type": "function", "function": {"name": "hold", "arguments": json.dumps(
+        {"confidence": 0.8, "rationale": "r"})}}  # fmt: skip
+    reply = {"choices": [{"message": {"role": "assistant", "content": "x" * 400_000,
+                                      "tool_calls": [tool]}}]}  # fmt: skip
+    with FakeOpenAI(RawBody(json.dumps(reply))) as fake:
+        answer = client_for(fake.url).decide(situation(), TARGETS)
+    assert answer.action == "hold" and answer.tokens >= 100_000
 
 
 # ---- invalid answers -----------------------------------------------------------------------
