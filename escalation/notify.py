@@ -236,7 +236,9 @@ def ended(row: dict[str, Any]) -> str:
         return "still waiting for an answer"
     done = {"approved": "not carried out yet", "executed": "carried out",
             "failed": "carried out, and it failed", "vetoed": "vetoed by the guards",
-            "void": "nothing left to do"}.get(status, status)  # fmt: skip
+            "void": "nothing left to do",
+            "interrupted": "the controller stopped while carrying it out (it may not have "
+                           "happened; not carried out again)"}.get(status, status)  # fmt: skip
     return f"approved by {who}: {asked or '?'}; {done}"
 
 

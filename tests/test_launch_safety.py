@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from controller.core.model import Demand, Instance
 from controller.fleet.base import CreateOutcomeUnknown, LaunchRequest, SensorError
 from controller.rules.source import RulesSource
@@ -13,7 +15,7 @@ from controller.service.app import decide_settings
 from controller.service.config import Config
 from controller.service.tick import Controller
 from controller.store.journal import Journal
-from escalation.notify import Notifier
+from escalation.notify import Notifier, ended
 from escalation.render import Renderer
 from escalation.router import Escalator
 
@@ -166,3 +168,75 @@ def test_a_create_that_rented_nothing_stops_counting_once_good_listings_lack_it(
     ]
     assert [r["key"] for r in lost] == fleet.creates[:1]
     assert "never listed in 300s" in lost[0]["result"]["note"]
+
+
+class Killed(BaseException):
+    """The process died here (SIGKILL): nothing after this point of the tick ran."""
+
+
+class KilledFleet(LateFleet):
+    """Creates list at once; the process dies just after create number `kill_at` rented."""
+
+    def __init__(self, kill_at: int) -> None:
+        super().__init__(late=0)
+        self.kill_at = kill_at
+        self.pending = 0
+
+    def launch(self, request: LaunchRequest) -> str:
+        self.creates.append(request.label)
+        n = str(1000 + len(self.listed))
+        self.listed[request.label] = Instance(n, request.label, f"m{n}", f"h{n}", "loading",
+                                              "loading", "down", "down", dph=0.5)  # fmt: skip
+        if len(self.creates) == self.kill_at:
+            raise Killed
+        return n
+
+
+def _approved_launch(journal: Journal, now: float, count: int) -> int:
+    esc = journal.escalations.add_escalation(
+        fingerprint="fp", kind="unmatched", subject="fleet", summary="more capacity?",
+        now=now, deadline=now + 3600, situation={}, default_action=None)  # fmt: skip
+    journal.escalations.answer(esc, status="approved", by="alice", now=now,
+                               answer={"action": "launch", "params": {"count": count}})  # fmt: skip
+    return esc
+
+
+@pytest.mark.parametrize("kill_at", [1, 2])
+def test_an_approved_launch_the_process_died_carrying_out_is_not_carried_out_again(
+    tmp_path: Path, kill_at: int
+) -> None:
+    """A person approved `launch count=2`; the process died after one or both creates rented,
+    before the escalation was marked carried out: the restarted controller rents nothing more
+    (it rented them again, the approval carried out twice) and closes the escalation."""
+    fleet = KilledFleet(kill_at=kill_at)
+    c, journal, clock = controller(tmp_path, fleet)
+    esc = _approved_launch(journal, clock[0], 2)
+    clock[0] += 60
+    with pytest.raises(Killed):
+        c.tick()
+    assert len(fleet.creates) == kill_at
+    c2, journal2, _ = controller(tmp_path, fleet)  # the restarted controller, the same journal
+    run(c2, clock, 3)
+    assert len(fleet.creates) == kill_at
+    row = journal2.escalations.escalation(esc) or {}
+    assert row["status"] == "interrupted"
+    assert "not carried out again" in ended(row)
+    assert journal2.actions.in_flight() == []
+
+
+def test_an_approved_answer_carried_out_before_a_crash_is_closed_as_executed(
+    tmp_path: Path,
+) -> None:
+    """The action finished and was journaled, the process died before marking the escalation:
+    the next tick marks it carried out with that action, and does not act again."""
+    fleet = KilledFleet(kill_at=0)
+    c, journal, clock = controller(tmp_path, fleet)
+    esc = _approved_launch(journal, clock[0], 1)
+    run(c, clock, 1)
+    assert len(fleet.creates) == 1
+    journal.escalations.set_escalation_status(esc, "approved")  # as a run killed before it left it
+    run(c, clock, 2)
+    assert len(fleet.creates) == 1
+    row = journal.escalations.escalation(esc) or {}
+    [act] = [r for r in journal.actions.actions_for_escalation(esc) if r["parent_id"] is None]
+    assert (row["status"], row["executed_action_id"]) == ("executed", act["id"])

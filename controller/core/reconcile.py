@@ -9,6 +9,7 @@ write (`Book`) in the same transaction as the tick's intents (`controller.servic
   or given up on as lost;
 - `followups`: replacements in flight, and when their old instance is to be destroyed;
 - `expired`: escalations past their deadline, and their default actions;
+- `carried`: approved answers a stopped run set out to carry out, closed, not done again;
 - `repeated`: a veto journaled within `VETO_REPEAT_S` is not journaled again.
 """
 
@@ -29,7 +30,7 @@ class Book:
     """One bookkeeping write: `op` names it, `args` are its keyword arguments.
 
     finish (action_id, status, result), replacement (old_id, state, new_id),
-    expire (esc_id)."""
+    expire (esc_id), escalation (esc_id, status, action_id)."""
 
     op: str
     args: dict[str, Any] = field(default_factory=dict)
@@ -52,6 +53,20 @@ def interrupted(intents: Sequence[dict[str, Any]], obs: Observation) -> list[Boo
         out.append(Book("finish", {"action_id": int(r["id"]), "status": "interrupted", "result": {
             "note": "the controller stopped before the result was recorded; the rules decide "
             "again from what is sensed now"}}))  # fmt: skip
+    return out
+
+
+def carried(rows: Sequence[tuple[int, int, str]]) -> list[Book]:
+    """Approved escalations whose answer a run set out to carry out (its intent journaled)
+    and stopped before marking: closed with what came of it, never carried out again. One
+    whose action the run left at `intent` may or may not have reached the provider:
+    `interrupted` (the rules decide again from what is sensed; people may ask anew)."""
+    out = []
+    for esc_id, action_id, status in rows:
+        ended = {"failed": "failed", "intent": "interrupted",
+                 "interrupted": "interrupted"}.get(status, "executed")  # fmt: skip
+        out.append(Book("escalation", {"esc_id": esc_id, "status": ended,
+                                       "action_id": action_id}))  # fmt: skip
     return out
 
 

@@ -80,6 +80,12 @@ def _book(journal: Journal, b: Book, now: float) -> None:
     elif b.op == "expire":
         journal.escalations.answer(int(a["esc_id"]), status="expired", by="deadline", now=now,
                                    answer=None)  # fmt: skip
+    elif b.op == "escalation":
+        journal.escalations.set_escalation_status(int(a["esc_id"]), str(a["status"]),
+                                                  int(a["action_id"]))  # fmt: skip
+        log.warning("escalation #%s: its answer was begun by a run that stopped (action #%s): "
+                    "%s, not carried out again", a["esc_id"], a["action_id"],
+                    a["status"])  # fmt: skip
     else:  # a plan only holds the ops above
         raise ValueError(f"unknown bookkeeping op {b.op!r}")
 

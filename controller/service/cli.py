@@ -170,7 +170,7 @@ def _add_loop_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 
 _ESCALATION_STATUSES = ["pending", "approved", "denied", "expired", "executed", "resolved",
-                        "void", "vetoed", "failed"]  # fmt: skip
+                        "void", "vetoed", "failed", "interrupted"]  # fmt: skip
 
 
 def _add_escalations(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -41,6 +41,9 @@ class Gathered:
     pending: tuple[dict[str, Any], ...]  # pending escalations (some may be past deadline)
     vetoes: frozenset[tuple[str, ...]]  # vetoes journaled within VETO_REPEAT_S
     paused: bool
+    # approved escalations whose answer a run set out to carry out but did not mark: (escalation
+    # id, action id, the action's status); they are closed, never carried out again
+    carried: tuple[tuple[int, int, str], ...] = ()
 
 
 FORECAST_EVERY_S = 300.0  # a forecast is made again at least this often, or when demand moves
@@ -75,7 +78,9 @@ def gather(journal: Journal, provider: Sensed, demand: DemandSensor, now: float,
         seen = journal.fleet.seen_instances(now - pending_s, ours)
         intents = tuple(journal.actions.in_flight())
         open_ = journal.escalations.by_status(("approved", "pending"))
-        approved = tuple(approvals.approved_proposals(journal, open_["approved"]))
+        acted = journal.actions.acted_on([int(e["id"]) for e in open_["approved"]])
+        approved = tuple(approvals.approved_proposals(
+            journal, [e for e in open_["approved"] if int(e["id"]) not in acted]))  # fmt: skip
         pending = tuple(open_["pending"])
         vetoes = recent_vetoes(journal, now)
         measured = recent_measured(journal, now, measured_cache)
@@ -100,8 +105,9 @@ def gather(journal: Journal, provider: Sensed, demand: DemandSensor, now: float,
                 cache.key, cache.value = key, forecasts
         learned["forecasts"] = forecasts
     hist = replace(hist, **learned)
+    carried = tuple((e, a, status) for e, (a, status) in sorted(acted.items()))
     return Gathered(now, hist, obs, intents, tuple(launches), frozenset(seen), replacements,
-                    approved, pending, vetoes, paused)  # fmt: skip
+                    approved, pending, vetoes, paused, carried)  # fmt: skip
 
 
 def recent_vetoes(journal: Journal, now: float) -> frozenset[tuple[str, ...]]:

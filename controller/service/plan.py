@@ -70,7 +70,7 @@ def plan(g: Gathered, rules: RulesSource, settings: DecideSettings,
                                                unknown_s=lim.launch_unknown_s)  # fmt: skip
     follow, follow_books = reconcile.followups(g.replacements, obs, now)
     defaults, expire_books = reconcile.expired(g.pending, now)
-    books += launch_books + follow_books + expire_books
+    books += launch_books + follow_books + expire_books + reconcile.carried(g.carried)
     recent = tuple(e for e in events if e.kind in ("death", "restart"))
     hist = replace(g.history, instances=tracks, events=g.history.events + recent,
                    pending_launches=len(pending))  # fmt: skip

@@ -179,6 +179,18 @@ CREATE TABLE IF NOT EXISTS replacements (
         rows = self._all("SELECT * FROM actions WHERE escalation_id = ? ORDER BY id", (esc_id,))
         return _decoded(rows)
 
+    def acted_on(self, esc_ids: Sequence[int]) -> dict[int, tuple[int, str]]:
+        """Escalation id -> (action id, status) of the action each of these escalations' answers
+        set out to carry out (its intent written), if any: an answer carried out, or begun by a
+        run that stopped before marking its escalation, is never carried out again."""
+        if not esc_ids:
+            return {}
+        marks = ", ".join("?" * len(esc_ids))
+        rows = self._all(f"SELECT id, escalation_id, status FROM actions WHERE escalation_id IN "
+                         f"({marks}) AND verdict = 'act' AND parent_id IS NULL ORDER BY id",
+                         tuple(esc_ids))  # fmt: skip
+        return {int(r["escalation_id"]): (int(r["id"]), str(r["status"])) for r in rows}
+
     def destroyed_since(self, since: float) -> set[str]:
         """Instances we destroyed (or set out to) since `since`."""
         rows = self._all("SELECT target FROM actions WHERE action = 'destroy' AND verdict = 'act' "
