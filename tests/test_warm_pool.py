@@ -22,14 +22,14 @@ from controller.core import guards
 from controller.core.facts import build_facts
 from controller.core.model import Decision, Instance, Observation, Proposal
 from controller.core.policy import Guards
-from controller.core.track import History, advance
+from controller.core.track import STOP_TAKES_S, History, advance
 from controller.fleet.actuator import Actuator, Job
 from controller.fleet.vast import VastProvider, VastSettings
 from controller.fleet.vast_client import VastClient
 from controller.sim import SimConfig, Simulation
 from controller.store.journal import Journal
 from controller.tools.replay.run import fleet_states
-from tests.fakes.vast_server import FakeVast
+from tests.fakes.vast_server import Close, FakeVast, Lost
 
 NOW = 200_000.0
 
@@ -313,6 +313,70 @@ def test_parked_only_when_fleetgate_stopped_it_until_it_runs_after_a_start() -> 
     # the journal's stop, older than its start, does not park it again
     hist, f = facts_at(hist, NOW + 300, inst("a", "stopped"), inst("b", "stopped"))
     assert f["a"]["parked"] is False
+
+
+def test_a_stop_whose_answer_was_lost_parks_the_instance_vast_stopped(
+    fake: FakeVast, tmp_path: Path
+) -> None:
+    """vast stopped it and the connection dropped before its answer: the stop is journaled
+    with an unknown outcome, not as failed, and the stopped instance is parked (it was a
+    stopped instance fleetgate did not stop: asked about at 15 minutes, replaced at 1 h)."""
+    iid = fake.add_instance(status="running", label="fg-x")
+    fake.script("update", Lost(Close()))
+    journal = Journal(tmp_path / "j.db")
+    hist, _ = facts_at(journal.fleet.history(NOW), NOW, inst(str(iid), "running"))
+    journal.fleet.save_tracks(hist.instances, [])
+    settings = VastSettings(base_url=fake.url, api_key="vast-test-key-warm", image="img:1",
+                            timeout_s=2.0)  # fmt: skip
+    d = act("stop", instance=str(iid))
+    row = journal.actions.record(
+        tick_id=1, now=NOW + 10, action="stop", target=d.proposal.target,
+        params=d.effective_params, proposer="rule:park", reason="idle", confidence=0.9,
+        verdict="act", why="w", status="intent",
+    )  # fmt: skip
+    with requests.Session() as session:
+        provider = VastProvider(VastClient(settings, session, sleep=lambda s: None), settings)
+        outcome = Actuator(provider, journal, Guards()).execute(
+            Job(d, row, 1, History(), NOW + 10, {}))  # fmt: skip
+    assert fake.instances[iid]["actual_status"] == "stopped"
+    assert outcome.status == "unknown" and "may have reached vast" in outcome.result["error"]
+    _, f = facts_at(journal.fleet.history(NOW + 60), NOW + 60, inst(str(iid), "stopped"))
+    journal.close()
+    assert (f[str(iid)]["parked"], f[str(iid)]["parked_for_s"]) == (True, 50.0)
+
+
+def test_a_parked_instance_started_without_a_journaled_start_is_no_longer_parked() -> None:
+    """Its start answered nothing clear (journaled as failed) but vast carried it out, or a
+    person started it in vast's console: running again after it was seen stopped, it is not
+    parked (it stayed parked while it ran: not active, so the fleet rented beside it)."""
+    hist, _ = facts_at(History(), NOW, inst("a", "running"))
+    hist = History(instances=hist.instances, last_acted={"stop:instance:a": NOW + 10})
+    hist, f = facts_at(hist, NOW + 60, inst("a", "stopped"))
+    assert f["a"]["parked"] and f["fleet"]["parked"] == 1
+    hist, f = facts_at(hist, NOW + 120, inst("a", "loading"))
+    assert f["a"]["parked"]  # not running yet: a start fleetgate sends now may still go to it
+    for at in (NOW + 200, NOW + 300):
+        hist, f = facts_at(hist, at, inst("a", "running"))
+        assert f["a"]["parked"] is False and "parked_for_s" not in f["a"]
+        assert (f["fleet"]["parked"], f["fleet"]["active"]) == (0, 1)
+    hist = History(instances=hist.instances,  # parked again by a later stop of its own
+                   last_acted={"stop:instance:a": NOW + 400})  # fmt: skip
+    _, f = facts_at(hist, NOW + 460, inst("a", "stopped"))
+    assert f["a"]["parked"] and f["a"]["parked_for_s"] == 60.0
+
+
+def test_a_journaled_stop_that_never_took_leaves_the_instance_unparked() -> None:
+    """The controller died between the stop's intent and vast's call (or the call failed
+    unclearly and did nothing): the instance runs on. Parked while vast may still carry the
+    stop out, it is not parked once it has run `STOP_TAKES_S` past the stop."""
+    hist, _ = facts_at(History(), NOW, inst("a", "running"))
+    hist = History(instances=hist.instances, last_acted={"stop:instance:a": NOW + 10})
+    hist, f = facts_at(hist, NOW + 60, inst("a", "running"))
+    assert f["a"]["parked"]  # vast may not show the stop yet
+    for at in (NOW + 10 + STOP_TAKES_S, NOW + 2 * STOP_TAKES_S):
+        hist, f = facts_at(hist, at, inst("a", "running"))
+        assert f["a"]["parked"] is False
+        assert (f["fleet"]["parked"], f["fleet"]["active"]) == (0, 1)
 
 
 def test_the_journaled_stop_is_what_parks_it(tmp_path: Path) -> None:

@@ -46,6 +46,10 @@ class Track(NamedTuple):
     # it sent since then at `start_asked`; both end once it runs again after the start
     parked_since: float | None = None
     start_asked: float | None = None
+    # the journaled stop it left the pool from without a start of fleetgate's (started by
+    # someone else, a start whose answer was lost, or a stop that never took): that stop
+    # parks it no more
+    left_stop: float | None = None
     # when it first reached stage running (first seen so: then); a later return to running
     # (after a start, a reboot) is not a boot
     served_at: float | None = None
@@ -319,8 +323,9 @@ def advance(hist: History, obs: Observation, now: float, debounce: Debounce = NO
         if fails or (old is not None and old.probe_fails):
             track = track._replace(probe_fails=fails, probe_failing_since=since)
         parked = _parked(old, inst, hist, now)
-        if parked != (track.parked_since, track.start_asked):
-            track = track._replace(parked_since=parked[0], start_asked=parked[1])
+        if parked != (track.parked_since, track.start_asked, track.left_stop):
+            track = track._replace(parked_since=parked[0], start_asked=parked[1],
+                                   left_stop=parked[2])  # fmt: skip
         tracks[inst.id] = track
         events += evs
     if obs.sensor_ok("provider"):
@@ -338,12 +343,22 @@ def advance(hist: History, obs: Observation, now: float, debounce: Debounce = NO
     return tracks, events
 
 
+STOP_TAKES_S = 600.0  # a stop vast has not carried out in this long never took
+
+
 def _parked(old: Track | None, inst: Instance, hist: History, now: float
-            ) -> tuple[float | None, float | None]:  # fmt: skip
-    """(parked since, start asked at) for `inst`: parked from fleetgate's own `stop` (the
-    journal's last one on it, newer than its last `start`) until it runs after a start. A
-    stop nobody at fleetgate sent leaves it unparked (the lifecycle rules' stopped instance)."""
-    since, asked = (old.parked_since, old.start_asked) if old is not None else (None, None)
+            ) -> tuple[float | None, float | None, float | None]:  # fmt: skip
+    """(parked since, start asked at, left stop) for `inst`: parked from fleetgate's own
+    `stop` (the journal's last one on it, newer than its last `start`) until it runs after a
+    start. A stop nobody at fleetgate sent leaves it unparked (the lifecycle rules' stopped
+    instance). One running again without a start of fleetgate's, after it was seen stopped
+    (or loading) since the stop, was started by someone else or by a start whose answer was
+    lost; one still running `STOP_TAKES_S` after the stop was never stopped (the controller
+    died before calling vast, or the call did nothing): either leaves the pool, and that stop
+    (`left stop`) parks it no more."""
+    since = asked = left = None
+    if old is not None:
+        since, asked, left = old.parked_since, old.start_asked, old.left_stop
     acted = hist.last_acted
     key = f"instance:{inst.id}"  # the journal's target of an action on it
     stop_at, start_at = acted.get(f"stop:{key}"), acted.get(f"start:{key}")
@@ -351,13 +366,19 @@ def _parked(old: Track | None, inst: Instance, hist: History, now: float
         stop_at is not None
         and (start_at is None or stop_at > start_at)
         and (since is None or stop_at > since)
+        and (left is None or stop_at > left)
     ):
         since, asked = stop_at, None
     if since is not None and start_at is not None and start_at >= since:
         asked = start_at if asked is None else max(asked, start_at)
-    if asked is not None and inst.status == "running":
-        return None, None
-    return since, asked
+    if since is None or inst.status != "running":
+        return since, asked, left
+    if asked is not None:
+        return None, None, left
+    seen_off = old is not None and old.status != "running" and old.status_since >= since
+    if seen_off or now - since >= STOP_TAKES_S:
+        return None, None, since
+    return since, asked, left
 
 
 def debounced(obs: Observation, tracks: dict[str, Track]) -> Observation:

@@ -97,7 +97,15 @@ class Actuator:
             call = getattr(self.provider, action, None)
             if call is None:  # stop/start: only a fleet that parks (`base.Parks`) has them
                 return Outcome("failed", {"error": f"this fleet's provider cannot {action}"})
-            call(str(params["instance"]))
+            try:
+                call(str(params["instance"]))
+            except TemporaryProviderError as exc:
+                if action != "stop":
+                    raise
+                # vast may have stopped it: journaled as a stop (parked while the listing
+                # shows it stopped; one that runs on leaves the pool, `track._parked`), not
+                # as a failure (a stopped instance fleetgate did not stop: asked about, replaced)
+                return Outcome("unknown", {"error": str(exc), "temporary": True})
             return Outcome("ok", {})
         if executor == "notify":
             log.warning("notify: %s", params.get("message"))
