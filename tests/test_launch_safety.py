@@ -8,8 +8,17 @@ from typing import Any
 
 import pytest
 
-from controller.core.model import Demand, Instance
-from controller.fleet.base import CreateOutcomeUnknown, LaunchRequest, SensorError
+from controller.core import guards
+from controller.core.model import Decision, Demand, Instance, Proposal
+from controller.core.policy import Guards
+from controller.core.track import History
+from controller.fleet.actuator import Actuator, Job
+from controller.fleet.base import (
+    CreateOutcomeUnknown,
+    LaunchRequest,
+    PermanentProviderError,
+    SensorError,
+)
 from controller.rules.source import RulesSource
 from controller.service.app import decide_settings
 from controller.service.config import Config
@@ -240,3 +249,55 @@ def test_an_approved_answer_carried_out_before_a_crash_is_closed_as_executed(
     row = journal.escalations.escalation(esc) or {}
     [act] = [r for r in journal.actions.actions_for_escalation(esc) if r["parent_id"] is None]
     assert (row["status"], row["executed_action_id"]) == ("executed", act["id"])
+
+
+def _replace_job(journal: Journal, now: float, old: str) -> Job:
+    p = Proposal("replace", {"instance": old}, "rule:r", "stuck", 0.9)
+    row = journal.actions.record(tick_id=1, now=now, action="replace", target=p.target,
+                                 params=p.params, proposer=p.proposer, reason=p.reason,
+                                 confidence=0.9, verdict="act", why="w",
+                                 status="intent")  # fmt: skip
+    return Job(Decision(p, "act", "matched"), row, 1, History(), now, {})
+
+
+def test_a_replacement_the_process_died_renting_is_still_the_one_under_way(
+    tmp_path: Path,
+) -> None:
+    """The replacement's create rented and the process died before the replacement was
+    recorded: the old instance was not `retiring` after the restart, so it was replaced again
+    (a third rental), and the first replacement never made it go. Recorded before the create,
+    the replacement is under way: a second replace finds nothing to do, and the old instance
+    goes once the new one runs."""
+    journal = Journal(tmp_path / "j.db")
+    fleet = KilledFleet(kill_at=1)
+    with pytest.raises(Killed):
+        Actuator(fleet, journal, Guards()).execute(_replace_job(journal, 10_000.0, "7"))
+    [new] = fleet.creates
+    [rep] = journal.actions.replacements()
+    assert (rep["old_id"], rep["new_label"], rep["state"]) == ("7", new, "waiting")
+    hist = journal.fleet.history(10_060.0)
+    assert "7" in hist.retiring
+    ctx = guards.Context({"7": {"kind": "instance", "id": "7", "retiring": True},
+                          "fleet": {"kind": "fleet", "id": "fleet"}}, hist, Guards(),
+                         10_060.0)  # fmt: skip
+    p = Proposal("replace", {"instance": "7"}, "rule:r", "stuck", 0.9)
+    [again], _ = guards.check([Decision(p, "act", "matched")], ctx)
+    assert again.verdict == "noop" and "already under way" in again.why
+    journal.close()
+
+
+def test_a_replacement_whose_create_was_refused_is_not_under_way(tmp_path: Path) -> None:
+    """A create vast refused rented nothing: the old instance is not left `retiring`."""
+    journal = Journal(tmp_path / "j.db")
+    fleet = RefusingFleet()
+    out = Actuator(fleet, journal, Guards()).execute(_replace_job(journal, 10_000.0, "7"))
+    assert out.status == "failed"
+    assert journal.actions.replacements() == []
+    assert "7" not in journal.fleet.history(10_060.0).retiring
+    journal.close()
+
+
+class RefusingFleet(LateFleet):
+    def launch(self, request: LaunchRequest) -> str:
+        self.creates.append(request.label)
+        raise PermanentProviderError("vast refused: no_such_ask")

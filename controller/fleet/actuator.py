@@ -173,11 +173,14 @@ class Actuator:
             )
             result["blocked_host"] = machine
         label = launch_label(job.tick_id, job.action_id, 0)
-        ok, detail = self._launch_one(job, label)
-        if ok is False:
-            return Outcome("failed", {**result, "error": detail})
+        # recorded before the create: a process that dies while it rents leaves the old
+        # instance retiring, waiting for this label (not replaced again by another rental)
         deadline = job.now + self.limits.replace_deadline_s
         self.journal.actions.add_replacement(old, label, job.now, deadline, job.action_id)
+        ok, detail = self._launch_one(job, label)
+        if ok is False:
+            self.journal.actions.set_replacement(old, "failed")  # rented nothing
+            return Outcome("failed", {**result, "error": detail})
         return Outcome("ok", {**result, "replacement": detail, "label": label})
 
 
