@@ -345,6 +345,43 @@ def test_a_stop_whose_answer_was_lost_parks_the_instance_vast_stopped(
     assert (f[str(iid)]["parked"], f[str(iid)]["parked_for_s"]) == (True, 50.0)
 
 
+def test_a_start_whose_answer_was_lost_counts_as_asked(fake: FakeVast, tmp_path: Path) -> None:
+    """vast took the start and the connection dropped before its answer, and the host's GPUs
+    are taken (it shows `scheduling`): journaled as failed, no start was asked, no rule
+    matched it (not stopped, no `starting_for_s`) and its storage billed for good. Journaled
+    with an unknown outcome, its start is asked: destroyed after waiting 10 minutes."""
+    a = str(fake.add_instance(status="stopped", label="fg-x"))
+    fake.script("update", Lost(Close()))
+    journal = Journal(tmp_path / "j.db")
+
+    def journaled(action: str, at: float) -> tuple[Decision, int]:
+        d = act(action, instance=a)
+        return d, journal.actions.record(
+            tick_id=1, now=at, action=action, target=d.proposal.target,
+            params=d.effective_params, proposer="rule:warm", reason="r", confidence=0.9,
+            verdict="act", why="w", status="intent",
+        )  # fmt: skip
+
+    hist, _ = facts_at(journal.fleet.history(NOW), NOW, inst(a, "running"))
+    journal.fleet.save_tracks(hist.instances, [])
+    _, stop = journaled("stop", NOW + 10)
+    journal.actions.finish(stop, NOW + 10, "ok", {})
+    hist, f = facts_at(journal.fleet.history(NOW + 60), NOW + 60, inst(a, "stopped"))
+    journal.fleet.save_tracks(hist.instances, [])
+    assert f[a]["parked"]
+    d, start = journaled("start", NOW + 100)
+    settings = VastSettings(base_url=fake.url, api_key="vast-test-key-warm", image="img:1",
+                            timeout_s=2.0)  # fmt: skip
+    with requests.Session() as session:
+        provider = VastProvider(VastClient(settings, session, sleep=lambda s: None), settings)
+        outcome = Actuator(provider, journal, Guards()).execute(
+            Job(d, start, 1, History(), NOW + 100, {}))  # fmt: skip
+    assert outcome.status == "unknown"
+    _, f = facts_at(journal.fleet.history(NOW + 700), NOW + 700, inst(a, "scheduling"))
+    journal.close()
+    assert f[a]["parked"] and f[a]["starting_for_s"] == 600.0
+
+
 def test_a_parked_instance_started_without_a_journaled_start_is_no_longer_parked() -> None:
     """Its start answered nothing clear (journaled as failed) but vast carried it out, or a
     person started it in vast's console: running again after it was seen stopped, it is not

@@ -100,11 +100,13 @@ class Actuator:
             try:
                 call(str(params["instance"]))
             except TemporaryProviderError as exc:
-                if action != "stop":
+                if action not in ("stop", "start"):
                     raise
-                # vast may have stopped it: journaled as a stop (parked while the listing
-                # shows it stopped; one that runs on leaves the pool, `track._parked`), not
-                # as a failure (a stopped instance fleetgate did not stop: asked about, replaced)
+                # vast may have done it: journaled as done until the listing says otherwise.
+                # A stop: parked while it shows stopped (one that runs on leaves the pool,
+                # `track._parked`), not a stopped instance fleetgate did not stop (asked
+                # about, replaced); a start: asked, so one left waiting for its host is
+                # destroyed by the warm pool's rules, not kept parked and billing for good
                 return Outcome("unknown", {"error": str(exc), "temporary": True})
             return Outcome("ok", {})
         if executor == "notify":
