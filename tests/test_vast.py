@@ -31,6 +31,7 @@ from pydantic import SecretStr, ValidationError
 from controller.core.model import Instance
 from controller.fleet.base import (
     LaunchRequest,
+    NotDone,
     PermanentProviderError,
     ProviderError,
     SensorError,
@@ -406,7 +407,7 @@ def test_a_create_that_times_out_is_unknown(fake: FakeVast, rig: MakeRig) -> Non
 @pytest.mark.parametrize(
     ("reply", "error", "text"),
     [
-        (RateLimited(), TemporaryProviderError, "rate limited (HTTP 429); not created"),
+        (RateLimited(), NotDone, "rate limited (HTTP 429); not created"),
         (
             Status(400, '{"success": false, "error": "invalid_args", "msg": "bad image"}'),
             PermanentProviderError,

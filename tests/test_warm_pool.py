@@ -24,6 +24,7 @@ from controller.core.model import Decision, Instance, Observation, Proposal
 from controller.core.policy import Guards
 from controller.core.track import STOP_TAKES_S, History, advance
 from controller.fleet.actuator import Actuator, Job
+from controller.fleet.base import NotDone
 from controller.fleet.vast import VastProvider, VastSettings
 from controller.fleet.vast_client import VastClient
 from controller.sim import SimConfig, Simulation
@@ -496,3 +497,34 @@ def test_a_backlog_that_does_not_drain_rents_every_slot_it_needs() -> None:
     assert [w.proposer for w in winners] == ["rule:scale-to-proving-backlog-overdue"]
     assert winners[0].params == {"count": 30} and not doubts
     assert {d.verdict for d in lost} == {"superseded"}
+
+
+@pytest.mark.parametrize("action, status", [("stop", "running"), ("start", "stopped")])
+def test_a_stop_or_start_vast_refused_before_acting_is_failed_not_unknown(
+    fake: FakeVast, tmp_path: Path, action: str, status: str
+) -> None:
+    """A 429 on every attempt: vast refused before acting, so nothing happened. Journaled
+    as unknown, a refused stop would count a running instance as parked for 10 minutes (out
+    of the active fleet), and a refused start would send a parked one to be destroyed."""
+    iid = fake.add_instance(status=status, label="fg-x")
+    fake.rate_limit("update", 10)
+    journal = Journal(tmp_path / "j.db")
+    d = act(action, instance=str(iid))
+    row = journal.actions.record(
+        tick_id=1, now=NOW + 10, action=action, target=d.proposal.target,
+        params=d.effective_params, proposer="rule:warm", reason="r", confidence=0.9,
+        verdict="act", why="w", status="intent",
+    )  # fmt: skip
+    settings = VastSettings(base_url=fake.url, api_key="vast-test-key-warm", image="img:1",
+                            timeout_s=2.0)  # fmt: skip
+    with requests.Session() as session:
+        provider = VastProvider(VastClient(settings, session, sleep=lambda s: None), settings)
+        actuator = Actuator(provider, journal, Guards())
+        try:
+            outcome = actuator.execute(Job(d, row, 1, History(), NOW + 10, {}))
+            status_seen = outcome.status
+        except NotDone:
+            status_seen = "failed"
+    journal.close()
+    assert fake.instances[iid]["actual_status"] == status
+    assert status_seen == "failed"

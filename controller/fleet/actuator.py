@@ -21,6 +21,7 @@ from controller.fleet.base import (
     Actuated,
     CreateOutcomeUnknown,
     LaunchRequest,
+    NotDone,
     ProviderError,
     TemporaryProviderError,
 )
@@ -100,8 +101,8 @@ class Actuator:
             try:
                 call(str(params["instance"]))
             except TemporaryProviderError as exc:
-                if action not in ("stop", "start"):
-                    raise
+                if action not in ("stop", "start") or isinstance(exc, NotDone):
+                    raise  # NotDone: refused before acting (429) or never sent
                 # vast may have done it: journaled as done until the listing says otherwise.
                 # A stop: parked while it shows stopped (one that runs on leaves the pool,
                 # `track._parked`), not a stopped instance fleetgate did not stop (asked

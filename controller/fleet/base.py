@@ -23,6 +23,10 @@ class TemporaryProviderError(ProviderError):
     """Worth retrying on a later tick."""
 
 
+class NotDone(TemporaryProviderError):
+    """Worth retrying, and certainly not done: refused before acting (429) or never sent."""
+
+
 class CreateOutcomeUnknown(TemporaryProviderError):
     """The create request may have reached the provider; whether it rented is unknown."""
 

@@ -28,6 +28,7 @@ import requests
 
 from controller.core.fields import is_digits
 from controller.fleet.base import (
+    NotDone,
     PermanentProviderError,
     ProviderError,
     SensorError,
@@ -183,7 +184,7 @@ class VastClient:
         except Unreached as exc:
             if exc.sent:
                 raise CreateOutcomeUnknown(offer_id, label, exc.reason) from None
-            raise TemporaryProviderError(f"{what}: not sent ({exc.reason})") from None
+            raise NotDone(f"{what}: not sent ({exc.reason})") from None
         instance_id = _create_outcome(response, offer_id, label, what, self._key)
         log.info("vast: created instance %r from offer %r for label %r", instance_id, offer_id,
                  label)  # fmt: skip
@@ -256,7 +257,7 @@ def _create_outcome(
     if code in (404, 410) or "no_such_ask" in fields:
         raise OfferGone(offer_id, label)
     if code == 429:
-        raise TemporaryProviderError(f"{what}: rate limited (HTTP 429); not created")
+        raise NotDone(f"{what}: rate limited (HTTP 429); not created")
     if code in (401, 403):
         raise PermanentProviderError(f"{what}: vast refused the API key (HTTP {code})")
     if 400 <= code < 500:

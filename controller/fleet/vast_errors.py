@@ -5,6 +5,7 @@ what vast said):
 
     ProviderError
      ├── TemporaryProviderError
+     │    ├── NotDone                refused before acting (429) or never sent
      │    └── CreateOutcomeUnknown   the create may have happened: look for its label
      └── PermanentProviderError
           └── OfferGone              the offer was taken; nothing was created
@@ -18,7 +19,12 @@ from __future__ import annotations
 import requests
 
 from controller.fleet import base
-from controller.fleet.base import PermanentProviderError, ProviderError, TemporaryProviderError
+from controller.fleet.base import (
+    NotDone,
+    PermanentProviderError,
+    ProviderError,
+    TemporaryProviderError,
+)
 
 _SNIPPET = 160
 
@@ -48,7 +54,9 @@ def http_error(response: requests.Response, what: str, key: str) -> ProviderErro
         return PermanentProviderError(f"{what}: vast refused the API key (HTTP {code})")
     if code == 410:
         return PermanentProviderError(f"{what}: HTTP 410 Gone (the endpoint is retired){says}")
-    if code == 429 or code >= 500:
+    if code == 429:
+        return NotDone(f"{what}: HTTP {code}{says}")
+    if code >= 500:
         return TemporaryProviderError(f"{what}: HTTP {code}{says}")
     if code == 404:
         return PermanentProviderError(f"{what}: HTTP 404 not found{says}")

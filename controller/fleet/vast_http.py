@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import requests
 
-from controller.fleet.base import PermanentProviderError, TemporaryProviderError
+from controller.fleet.base import NotDone, PermanentProviderError, TemporaryProviderError
 from controller.fleet.retry import reason, retry_delay
 from controller.fleet.vast_errors import error_fields, fields_text, http_error
 
@@ -142,8 +142,10 @@ class VastHTTP:
         try:
             return self.request(endpoint, method, path, what, "mutate", body=body)
         except Unreached as exc:
-            done = "it may have reached vast" if exc.sent else "not sent"
-            raise TemporaryProviderError(f"{what}: {exc.reason} ({done})") from None
+            if not exc.sent:
+                raise NotDone(f"{what}: {exc.reason} (not sent)") from None
+            reason = f"{exc.reason} (it may have reached vast)"
+            raise TemporaryProviderError(f"{what}: {reason}") from None
 
     def request(
         self,
