@@ -392,7 +392,8 @@ def test_a_parked_instance_started_without_a_journaled_start_is_no_longer_parked
     hist, f = facts_at(hist, NOW + 60, inst("a", "stopped"))
     assert f["a"]["parked"] and f["fleet"]["parked"] == 1
     hist, f = facts_at(hist, NOW + 120, inst("a", "loading"))
-    assert f["a"]["parked"]  # not running yet: a start fleetgate sends now may still go to it
+    assert f["a"]["parked"]  # not running yet; started by someone: on its way, as if asked
+    assert f["a"]["starting_for_s"] == 0.0 and f["fleet"]["parked"] == 0
     for at in (NOW + 200, NOW + 300):
         hist, f = facts_at(hist, at, inst("a", "running"))
         assert f["a"]["parked"] is False and "parked_for_s" not in f["a"]
@@ -528,3 +529,27 @@ def test_a_stop_or_start_vast_refused_before_acting_is_failed_not_unknown(
     journal.close()
     assert fake.instances[iid]["actual_status"] == status
     assert status_seen == "failed"
+
+
+def test_a_parked_instance_someone_else_started_that_waits_for_its_host_is_let_go() -> None:
+    """Started in vast's console (or by a start whose answer was lost) while its host's GPUs
+    are taken: `scheduling`, with no start of fleetgate's. It was parked with no
+    `starting_for_s`, so neither warm-pool rule on a parked instance matched it (one wants it
+    stopped, the other a start asked) and its storage billed for good. Seen leaving `stopped`
+    it counts as started from then: capacity on its way, and let go after 10 minutes."""
+    hist, _ = facts_at(History(), NOW, inst("a", "running"))
+    hist = History(instances=hist.instances, last_acted={"stop:instance:a": NOW + 10})
+    hist, f = facts_at(hist, NOW + 60, inst("a", "stopped"))
+    assert f["a"]["parked"] and "starting_for_s" not in f["a"]
+    hist, f = facts_at(hist, NOW + 120, inst("a", "scheduling"))
+    assert f["a"]["starting_for_s"] == 0.0
+    assert (f["fleet"]["parked"], f["fleet"]["active"]) == (0, 1)
+    hist, f = facts_at(hist, NOW + 720, inst("a", "scheduling"))
+    assert f["a"]["parked"] and f["a"]["starting_for_s"] == 600.0
+    [d] = check(act("start", instance="a"), facts=list(f.values()))
+    assert d.verdict != "act"  # no second start: it is starting already
+    # a stop of its own that never took (still running) is not read as someone's start
+    hist, _ = facts_at(History(), NOW, inst("b", "running"))
+    hist = History(instances=hist.instances, last_acted={"stop:instance:b": NOW + 10})
+    hist, f = facts_at(hist, NOW + 60, inst("b", "loading"))
+    assert "starting_for_s" not in f["b"]

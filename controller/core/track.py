@@ -344,6 +344,7 @@ def advance(hist: History, obs: Observation, now: float, debounce: Debounce = NO
 
 
 STOP_TAKES_S = 600.0  # a stop vast has not carried out in this long never took
+STARTING = ("loading", "scheduling")  # a stopped instance on its way to running again
 
 
 def _parked(old: Track | None, inst: Instance, hist: History, now: float
@@ -355,7 +356,9 @@ def _parked(old: Track | None, inst: Instance, hist: History, now: float
     (or loading) since the stop, was started by someone else or by a start whose answer was
     lost; one still running `STOP_TAKES_S` after the stop was never stopped (the controller
     died before calling vast, or the call did nothing): either leaves the pool, and that stop
-    (`left stop`) parks it no more."""
+    (`left stop`) parks it no more. One seen stopped that then loads or waits for its host
+    (`scheduling`) without a start of fleetgate's counts as asked from then, so the warm
+    pool's rules destroy it if it waits too long, as they do one fleetgate started."""
     since = asked = left = None
     if old is not None:
         since, asked, left = old.parked_since, old.start_asked, old.left_stop
@@ -371,10 +374,13 @@ def _parked(old: Track | None, inst: Instance, hist: History, now: float
         since, asked = stop_at, None
     if since is not None and start_at is not None and start_at >= since:
         asked = start_at if asked is None else max(asked, start_at)
+    if (since is not None and asked is None and inst.status in STARTING and old is not None
+            and old.status == "stopped" and old.status_since >= since):  # fmt: skip
+        asked = now  # started by someone else (a person, a start whose answer was lost)
     if since is None or inst.status != "running":
         return since, asked, left
-    if asked is not None:
-        return None, None, left
+    if asked is not None:  # started: by fleetgate's start, or seen starting without one
+        return None, None, left if start_at is not None and start_at >= since else since
     seen_off = old is not None and old.status != "running" and old.status_since >= since
     if seen_off or now - since >= STOP_TAKES_S:
         return None, None, since
