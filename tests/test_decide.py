@@ -51,6 +51,14 @@ rules:
     when: {demand: {pending: {gt: 100}}}
     then: {action: escalate}
     confidence: 0.9
+  - name: tell-queue
+    when: {demand: {pending: {gt: 0}}}
+    then: {action: notify, message: "{{ demand.pending }} tasks wait"}
+    confidence: 0.9
+  - name: tell-down
+    when: {instance: {daemon: down}}
+    then: {action: notify, message: "{{ instance.id }} is down"}
+    confidence: 0.9
 """)
 S = DecideSettings()
 
@@ -119,6 +127,24 @@ def test_the_same_action_from_two_rules_is_merged() -> None:
     facts = [fact("instance", "b", daemon="down")]
     out = run(facts, [fired("replace-it", instance="b"), fired("replace-first", instance="b")])
     assert sorted(d.verdict for d in out.decisions) == ["act", "superseded"]
+
+
+def test_a_notify_neither_conflicts_with_nor_supersedes_an_action_on_the_fleet() -> None:
+    both = [fired("grow", demand="demand:all"), fired("tell-queue", demand="demand:all")]
+    out = run([fact("demand", pending=5)], both)
+    verdicts = {d.proposal.proposer: d.verdict for d in out.decisions}
+    assert verdicts == {"rule:grow": "act", "rule:tell-queue": "act"}
+    assert out.doubts == ()
+
+
+def test_two_rules_different_messages_both_notify_and_the_same_message_once() -> None:
+    facts = [fact("demand", pending=5), fact("instance", "b", daemon="down")]
+    out = run(facts, [fired("tell-queue", demand="demand:all"), fired("tell-down", instance="b"),
+                      fired("tell-queue", demand="demand:all")])  # fmt: skip
+    acted = sorted(d.proposal.params["message"] for d in out.decisions if d.verdict == "act")
+    assert acted == ["5 tasks wait", "b is down"]
+    assert [d.verdict for d in out.decisions].count("superseded") == 1
+    assert out.doubts == ()
 
 
 def test_low_confidence_asks() -> None:

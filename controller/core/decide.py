@@ -11,7 +11,8 @@ in as data; `controller.service.tick` runs the engine. Steps:
 3. lower confidence where the evidence is weak (a sensor not ok, a plan removing a large share);
    an `escalate` proposal becomes a `requested` doubt (it is never acted on), and an answer to
    an escalation naming an action that is not `overridable` is void;
-4. merge duplicates and resolve conflicts per target by priority; a tie is a conflict;
+4. merge duplicates and resolve conflicts per target by priority; a tie is a conflict (a
+   `notify` competes only with the same message: it changes nothing);
 5. gate each survivor: below the threshold, or on `propose` autonomy → ask; `observe` → record.
    `gate` is the one confidence/autonomy gate: the escalation router judges the LLM's answers
    with it too.
@@ -135,11 +136,21 @@ def _removes_work(p: Proposal, facts: dict[str, dict[str, Any]]) -> bool:
     return inst.get("status") != "running" and not inst.get("parked", False)
 
 
+def _contest(p: Proposal) -> str:
+    """What a proposal competes for. A `notify` changes nothing, so it neither conflicts with
+    nor supersedes an action on the fleet (a rule that tells people of a forecast stopped the
+    scaling rules that matched the same tick); notifications compete only with the same
+    message, so two rules' different messages both go out."""
+    if p.action == "notify":
+        return f"notify:{p.params.get('message')}"
+    return p.target
+
+
 def resolve(props: list[Proposal]) -> tuple[list[Proposal], list[Decision], list[Doubt]]:
     """Step 4: merge duplicates, pick by priority per target; a tie of different actions asks."""
     by_target: dict[str, list[Proposal]] = defaultdict(list)
     for p in props:
-        by_target[p.target].append(p)
+        by_target[_contest(p)].append(p)
     winners: list[Proposal] = []
     lost: list[Decision] = []
     doubts: list[Doubt] = []
