@@ -22,7 +22,9 @@ import pytest
 import yaml
 from support import EXPECT, cases, read, rel
 
+from controller.core.facts import FIELDS
 from controller.rules.engine import Engine
+from controller.rules.fieldinfo import INFO
 from controller.rules.rulebook import Problem, RulesError, load_texts
 from controller.rules.source import read_rulebook
 from controller.service import cli
@@ -420,6 +422,9 @@ rules:
         ("label: {eq: a, neq: a}", "field 'label': eq and neq 'a' together"),
         ("label: {eq: a, in: [b, c]}", "field 'label': eq 'a' is not among in ['b', 'c']"),
         ("bench_rate: {exists: false, gt: 3}", "exists: false, yet gt needs the field"),
+        ("parked: 'no'", "field 'parked': parked holds bool, never text 'no'"),
+        ("parked_for_s: {lt: 0}", "field 'parked_for_s': lt 0 is outside what it takes"),
+        ("starting_for_s: {gt: 5, lt: 3}", "field 'starting_for_s': gt 5 and lt 3 exclude"),
     ],
 )
 def test_a_condition_that_can_never_match_is_a_warning_at_its_line(cond: str, warning: str) -> None:
@@ -429,6 +434,31 @@ def test_a_condition_that_can_never_match_is_a_warning_at_its_line(cond: str, wa
     assert warning in only.message
     assert only.message.endswith(": the rule can never fire")
     Engine(book)  # a warning, not an error: the rules load and run
+
+
+@pytest.mark.parametrize(
+    ("kind", "cond", "warning"),
+    [
+        ("demand", "forecast_instances: {eq: 'two'}", "forecast_instances holds number, never"),
+        ("demand", "forecast_pending: {lt: 0}", "field 'forecast_pending': lt 0 is outside"),
+        ("demand", "backlog_slots: true", "backlog_slots holds number, never bool True"),
+        ("demand", "task_s: {gt: 9, lt: 3}", "field 'task_s': gt 9 and lt 3 exclude"),
+        ("demand", "forecast_horizon_s: {lt: 0}", "field 'forecast_horizon_s': lt 0 is"),
+        ("fleet", "parked: 'none'", "field 'parked': parked holds number, never text 'none'"),
+        ("fleet", "starts_1h: {gt: 1, lt: 2}", "field 'starts_1h': gt 1 and lt 2 exclude"),
+    ],
+)
+def test_a_forecast_or_warm_pool_field_that_can_never_match_is_a_warning(
+    kind: str, cond: str, warning: str
+) -> None:
+    text = NEVER.replace("instance: {COND}", f"{kind}: {{{cond}}}")
+    [only] = load_texts([("rules/never.yaml", text)]).warnings
+    assert warning in only.message and only.message.endswith(": the rule can never fire")
+
+
+def test_every_fact_field_has_a_type_for_the_warnings() -> None:
+    """A field without one is never judged: `parked: "no"` loaded without a word."""
+    assert {k: set(v) for k, v in INFO.items()} == {k: set(v) for k, v in FIELDS.items()}
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@
 `controller.core.facts.FIELDS` names the fields; this says their type (`number`, `text`,
 `bool`) and, for numbers, the range they take: counts and ages are never negative, counts are
 whole numbers, and a benchmark rate is at most 1,000 proofs an hour (the instance API refuses
-more). A field missing here (one added to the facts since) is simply not checked.
+more). Every field of `controller.core.facts.FIELDS` is here (a test keeps the two equal).
 
 Pure data.
 """
@@ -36,10 +36,11 @@ INFO: dict[str, dict[str, FieldInfo]] = {
     "instance": {
         **dict.fromkeys(("id", "label", "machine_id", "host_id", "status", "stage", "daemon",
                          "sidecar", "gpu_name", "status_msg"), TEXT),
-        **dict.fromkeys(("drained", "host_blocked", "replacing", "retiring"), BOOL),
+        **dict.fromkeys(("drained", "host_blocked", "replacing", "retiring", "parked"), BOOL),
         **dict.fromkeys(("num_gpus", "tasks_running", "restarts_1h", "deaths_1h"), COUNT),
         **dict.fromkeys(("daemon_uptime_s", "age_s", "stage_age_s", "status_for_s",
-                         "down_for_s", "idle_for_s", "command_overdue_s"), SECONDS),
+                         "down_for_s", "idle_for_s", "command_overdue_s", "parked_for_s",
+                         "starting_for_s"), SECONDS),
         "bench_rate": RATE,
         "host_rate": RATE,
         "dph": MONEY,
@@ -47,13 +48,15 @@ INFO: dict[str, dict[str, FieldInfo]] = {
     "demand": {
         "id": TEXT,
         "task": TEXT,
-        **dict.fromkeys(("pending", "running", "max_retries"), COUNT),
-        "oldest_pending_s": SECONDS,
+        **dict.fromkeys(("pending", "running", "max_retries", "forecast_instances"), COUNT),
+        **dict.fromkeys(("oldest_pending_s", "forecast_horizon_s", "task_s"), SECONDS),
+        **dict.fromkeys(("forecast_pending", "backlog_slots"), FieldInfo("number", 0)),
     },
     "fleet": {
         "id": TEXT,
         **dict.fromkeys(("instances", "active", "serving", "booting", "dead", "drained",
-                         "pending_launches", "launches_1h", "pending", "running_tasks"), COUNT),
+                         "pending_launches", "launches_1h", "pending", "running_tasks", "parked",
+                         "starts_1h"), COUNT),
         "spend_per_h": MONEY,
     },
     "sensor": dict.fromkeys(("id", "name", "state", "detail"), TEXT),
