@@ -18,7 +18,10 @@ from typing import Any
 
 import pytest
 
-from controller.rules.ruletest import Result, run_files
+from controller.core.facts import build_facts
+from controller.core.model import Demand, Instance, Observation, SensorStatus
+from controller.core.track import History
+from controller.rules.ruletest import DEFAULTS, Result, run_files
 from controller.rules.source import read_rulebook, rule_files
 from controller.rules.yamlsrc import load
 
@@ -390,6 +393,50 @@ def test_a_test_file_outside_its_shape_is_an_error_at_its_line(tmp_path: Path) -
         "rule)",
         f"{at}10: kind: 'instanse' is not a fact kind (one of instance, demand, fleet, sensor)",
     ), result.problems
+
+
+PARKED = """\
+rules:
+  - name: stop-idle-drained
+    when:
+      instance: {drained: true, tasks_running: 0, parked: false}
+    then: {action: stop, instance: "{{ instance.id }}"}
+    confidence: 0.9
+  - name: quiet-fleet
+    when:
+      fleet: {parked: 0, pending_launches: 0}
+    then: {action: notify, message: "nothing parked or on its way"}
+    confidence: 0.9
+"""
+PARKED_TEST = """\
+rule_files: [parked.yaml]
+tests:
+  - name: fields every tick's facts carry hold in a test's plain facts too
+    facts:
+      - {kind: instance, id: i1, drained: true, tasks_running: 0}
+      - {kind: fleet}
+    expect:
+      proposals:
+        - {rule: stop-idle-drained, action: stop, params: {instance: i1}}
+        - {rule: quiet-fleet, action: notify}
+"""
+
+
+def test_a_test_fact_carries_the_fields_every_tick_fact_has(tmp_path: Path) -> None:
+    """`parked: false` (every instance not parked) matched in a tick, not in a rule test."""
+    (tmp_path / "parked.yaml").write_text(PARKED, encoding="utf-8")
+    (tmp_path / "parked_test.yaml").write_text(PARKED_TEST, encoding="utf-8")
+    [result] = run_files([tmp_path / "parked_test.yaml"])
+    assert result.ok, result.problems
+
+
+def test_the_test_defaults_name_every_field_a_tick_always_sets() -> None:
+    inst = Instance("i1", "fg-1", "m1", "h1", "running", "running", "up", "up")
+    ok = (SensorStatus("provider", "ok"),)
+    facts = build_facts(Observation(0.0, (inst,), (Demand("all", 0, 0),), ok), History(), 0.0)
+    for f in facts:
+        always = set(f) - {"kind", "id", "backlog_slots"}  # backlog_slots: from pending
+        assert always <= set(DEFAULTS[f["kind"]]), (f["kind"], always - set(DEFAULTS[f["kind"]]))
 
 
 # ---------------------------------------------------------------- the CLI

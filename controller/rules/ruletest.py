@@ -53,14 +53,14 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "num_gpus": 1, "dph": 0.5, "tasks_running": 1, "drained": False, "status_msg": "",
         "age_s": 7200.0, "stage_age_s": 3600.0, "status_for_s": 3600.0, "down_for_s": 0.0,
         "restarts_1h": 0, "deaths_1h": 0, "idle_for_s": 0.0, "host_blocked": False,
-        "replacing": False, "retiring": False, "bench_rate": 35.0,
+        "replacing": False, "retiring": False, "parked": False, "bench_rate": 35.0,
     },
     "demand": {
         "task": "all", "pending": 0, "running": 0, "oldest_pending_s": 0.0, "max_retries": 0,
     },
     "fleet": {"instances": 1, "active": 1, "serving": 1, "booting": 0, "dead": 0, "drained": 0,
-              "spend_per_h": 0.5, "launches_1h": 0, "starts_1h": 0, "pending": 0,
-              "running_tasks": 0},
+              "parked": 0, "pending_launches": 0, "spend_per_h": 0.5, "launches_1h": 0,
+              "starts_1h": 0, "pending": 0, "running_tasks": 0},
     "sensor": {"name": "provider", "state": "ok", "detail": ""},
 }  # fmt: skip
 
