@@ -39,11 +39,14 @@ def test_the_table_has_one_row_per_action_with_every_field() -> None:
 
 
 def test_the_readme_names_every_fact_field_a_rule_may_match() -> None:
-    """The README's **Fields** paragraph names each field of `controller.core.facts.FIELDS`."""
+    """The README's **Fields** paragraph names each field of `controller.core.facts.FIELDS`
+    under its own kind (`demand`'s id is not `instance`'s)."""
     text = README.read_text(encoding="utf-8")
     start = text.index("- **Fields** per kind:")
     para = text[start : text.index("\n- **", start + 1)]
-    words = set(re.findall(r"[a-z_0-9]+", para))
+    parts = re.split(r"`(instance|demand|fleet|sensor)`:", para)
+    sections = dict(zip(parts[1::2], parts[2::2], strict=True))
+    assert set(sections) == set(FIELDS), sorted(sections)
     missing = {f"{kind}.{name}" for kind, names in FIELDS.items() for name in names
-               if name not in words}  # fmt: skip
+               if name not in set(re.findall(r"[a-z_0-9]+", sections[kind]))}  # fmt: skip
     assert not missing, f"README.md's Fields paragraph leaves out {sorted(missing)}"
