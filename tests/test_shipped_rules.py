@@ -439,6 +439,33 @@ def test_the_test_defaults_name_every_field_a_tick_always_sets() -> None:
         assert always <= set(DEFAULTS[f["kind"]]), (f["kind"], always - set(DEFAULTS[f["kind"]]))
 
 
+def _readme_yaml(first_line: str) -> str:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    [block] = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S)
+               if b.startswith(first_line)]  # fmt: skip
+    return block
+
+
+def test_the_readme_rules_and_rule_test_examples_load_and_pass(tmp_path: Path) -> None:
+    """What an operator copies from the Rules and Rule unit tests sections works as shown."""
+    rules = tmp_path / "example.yaml"
+    rules.write_text(_readme_yaml("normal:"), encoding="utf-8")
+    book = read_rulebook([rules])
+    assert [r.name for r in book.rules] == ["restart-silently-exited-daemon"]
+    assert book.warnings == ()
+    test = _readme_yaml("rule_files:")
+    shipped = [str(RULES / n) for n in ("crashes.yaml", "scaling.yaml", "lifecycle.yaml",
+                                        "hosts.yaml")]  # fmt: skip
+    doc = load(test)
+    assert [str(f) for f in doc["rule_files"]] == [f"../{Path(f).name}" for f in shipped]
+    (tmp_path / "example_test.yaml").write_text(
+        re.sub(r"rule_files: \[.*\]", f"rule_files: {json.dumps(shipped)}", test),
+        encoding="utf-8",
+    )
+    [result] = run_files([tmp_path / "example_test.yaml"])
+    assert result.ok, result.problems
+
+
 # ---------------------------------------------------------------- the CLI
 
 
