@@ -423,6 +423,9 @@ rules:
         ("label: {eq: a, in: [b, c]}", "field 'label': eq 'a' is not among in ['b', 'c']"),
         ("bench_rate: {exists: false, gt: 3}", "exists: false, yet gt needs the field"),
         ("parked: 'no'", "field 'parked': parked holds bool, never text 'no'"),
+        ("gpu_name: {matches: '^RTX 4090'}", "'^RTX 4090': '^' is a plain character in the"),
+        ("label: {matches: 'fg-.*$'}", "matches 'fg-.*$': '$' is a plain character"),
+        ("gpu_name: {matches: 'RTX 30\\d0'}", "'\\d' is a plain character"),
         ("parked_for_s: {lt: 0}", "field 'parked_for_s': lt 0 is outside what it takes"),
         ("starting_for_s: {gt: 5, lt: 3}", "field 'starting_for_s': gt 5 and lt 3 exclude"),
     ],
@@ -468,6 +471,7 @@ def test_every_fact_field_has_a_type_for_the_warnings() -> None:
         "restarts_1h: {gt: 2, lte: 3}", "restarts_1h: {in: [-1, 2]}", "dph: {gt: 1, lt: 1.5}",
         "drained: false", "label: {eq: a, neq: b}", "bench_rate: {exists: false}",
         "host_rate: {gte: {setting: fast}, exists: true, lt: 3000}",
+        "gpu_name: {matches: 'RTX 30%d0'}", "status_msg: {matches: '^.*'}",
     ],
 )  # fmt: skip
 def test_a_condition_that_can_match_gives_no_warning(cond: str) -> None:

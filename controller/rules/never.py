@@ -8,7 +8,9 @@ a rule's `when` (settings replaced by their values; references to other facts ar
 - bounds that contradict each other (`{gt: 10, lt: 5}`), or an `eq` / `in` outside them;
 - a value of another type than the field's (`drained: "no"`, `restarts_1h: {eq: "3"}`), or
   `gt`... on a field that is not a number;
-- `eq` and `neq` of the same value, and `exists: false` beside a condition that needs the field.
+- `eq` and `neq` of the same value, and `exists: false` beside a condition that needs the field;
+- a `matches` in Python's syntax (`^RTX 30\\d0$`): the engine's `^`, `$` and `\\` are plain
+  characters, which no id, label, GPU name or status holds.
 
 Fields and values a kind never has are errors already (`controller.rules.patterns`).
 
@@ -18,6 +20,7 @@ Pure: reads the rules it is given.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +31,7 @@ from controller.rules.settings import resolve
 from controller.rules.yamlsrc import Located
 
 _ORDER = ("gt", "gte", "lt", "lte")
+FREE_TEXT = frozenset({"status_msg", "detail"})  # what vast or a sensor wrote: any character
 
 
 def warnings(rules: tuple[Rule, ...] | list[Rule], settings: Mapping[str, Any]) -> list[Problem]:
@@ -66,6 +70,10 @@ def never(fld: str, field: FieldInfo, cond: Mapping[str, Any]) -> str | None:
         return f"exists: false, yet {others[0]} needs the field"
     for why in _types(fld, field, cond):
         return why
+    if fld not in FREE_TEXT and isinstance(cond.get("matches"), str):
+        syntax = _python_regex(cond["matches"])
+        if syntax:
+            return syntax
     if field.type != "number":
         eq, neq = cond.get("eq"), cond.get("neq")
         if "eq" in cond and "neq" in cond and eq == neq:
@@ -74,6 +82,23 @@ def never(fld: str, field: FieldInfo, cond: Mapping[str, Any]) -> str | None:
             return f"eq {eq!r} is not among in {cond['in']!r}"
         return None
     return _numbers(fld, field, cond)
+
+
+def _python_regex(pattern: str) -> str | None:
+    """A `matches` written in Python's regex syntax: the engine's dialect matches the whole
+    string, and `^`, `$` and a backslash are plain characters there, which no id, label, GPU
+    name or status holds (`^RTX 4090` matches only text that begins with a caret)."""
+    found = re.search(r"\\[dDwWsSbB.]", pattern)
+    if pattern.startswith("^"):
+        plain = "'^'"
+    elif pattern.endswith("$"):
+        plain = "'$'"
+    elif found:
+        plain = f"'{found.group(0)}'"
+    else:
+        return None
+    return (f"matches {pattern[:60]!r}: {plain} is a plain character in the rule engine's "
+            "patterns (they match the whole string; %d, %w, %s and %. escape)")  # fmt: skip
 
 
 def _types(fld: str, field: FieldInfo, cond: Mapping[str, Any]) -> Iterator[str]:
