@@ -306,6 +306,11 @@ def test_rule_tests_say_how_long_the_facts_have_held(tmp_path: Path, rules: Path
     results = run_file(tests / "backlog_test.yaml")
     assert [r.ok for r in results] == [True, True, True, False], [r.problems for r in results]
     assert "expected proposal not made" in results[3].problems[0]
+    assert list(results[3].problems[1:]) == [
+        "no rule proposed anything for these facts",
+        "rules still waiting on their for: backlog-for-ten-minutes (the test's held_for: says "
+        "how long its facts have held)",
+    ]
 
 
 def test_a_rule_test_with_a_bad_held_for_is_an_error_at_its_line(

@@ -244,6 +244,19 @@ WRONG: list[Any] = [
     ),
     pytest.param(
         {
+            "name": "expected proposal, nothing made",
+            "facts": [{"kind": "instance", "id": "i1"}],
+            "expect": {"proposals": [{**_RESTART, "params": {"instance": "i1"}}]},
+            "problems": [
+                "expected proposal not made: {'rule': 'restart-silently-exited-daemon'",
+                "no rule proposed anything for these facts",
+            ],
+            "count": 2,
+        },
+        id="nothing-made",
+    ),
+    pytest.param(
+        {
             "name": "unexpected extra proposal",
             "facts": [{**_DOWN, "id": "i1"}, {**_DOWN, "id": "i2", "restarts_1h": 3}],
             "expect": {"proposals": [{**_RESTART, "params": {"instance": "i1"}}]},

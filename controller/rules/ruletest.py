@@ -131,6 +131,13 @@ def run_test(engine: Engine, test: dict[str, Any], settings: DecideSettings) -> 
     ]
     expect = test.get("expect") or {}
     problems = _compare(list(expect.get("proposals") or []), got)
+    if any(p.startswith("expected proposal not made") for p in problems):
+        if not got:
+            problems.append("no rule proposed anything for these facts")
+        waiting = sorted({w.rule for w in held.waiting})
+        if waiting:
+            problems.append(f"rules still waiting on their for: {', '.join(waiting)} (the "
+                            "test's held_for: says how long its facts have held)")  # fmt: skip
     problems += [f"rule error: {d.summary}" for d in doubts]
     if "unmatched" in expect:
         un = sorted(str(f["id"]) for d in unmatched(matches, by_id) for f in d.facts)
