@@ -7,6 +7,7 @@ import subprocess
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -15,11 +16,13 @@ from pydantic import SecretStr
 
 from controller.core.track import Track
 from controller.service.api import Server, create_app
+from controller.store import retention
 from controller.store.journal import Journal
 from controller.store.lease import Lease
-from tests.support import ROOT, record_action
+from tests.support import BACKENDS, ROOT, journal_on, record_action
 
 PROMTOOL = "/usr/bin/promtool"
+DAY = 86_400.0
 RULES = ROOT / "deploy" / "prometheus"
 
 # (action, status, proposer as written, its class as exposed)
@@ -208,3 +211,57 @@ def test_shipped_alert_rules_pass_promtool() -> None:
     for alert in ("FleetgateTickStalled", "FleetgateTickFailures", "FleetgateBudgetNearCap",
                   "FleetgateEscalationPending"):  # fmt: skip
         assert f"alertname: {alert}" in tested
+
+
+def _scrape(journal: Journal) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    server = Server(create_app(journal, SecretStr("t0ken"), clock=lambda: 500.0), "127.0.0.1", 0)
+    server.start()
+    try:
+        resp = requests.get(f"http://127.0.0.1:{server.port}/metrics", timeout=10)
+    finally:
+        server.stop()
+    assert resp.status_code == 200, resp.text
+    return _samples(resp.text)
+
+
+def _counted(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> dict[Any, float]:
+    """The samples of counters and histograms: what must never go down."""
+    ends = ("_total", "_bucket", "_count", "_sum")
+    return {k: v for k, v in samples.items() if k[0].endswith(ends)}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_counters_do_not_go_down_when_retention_deletes_old_rows(
+    backend: str, tmp_path: Path
+) -> None:
+    with journal_on(backend, tmp_path) as j:
+        _fill(j)  # all of it at times under 1,000 s
+        new = j.meta.start_tick(3 * DAY, "digest")  # a day of ticks later, one more
+        j.meta.finish_tick(new, 3 * DAY + 0.7, {**SUMMARY, "tick": new})
+        record_action(j, 3 * DAY, action="reboot", status="done", proposer="rule:r")
+        before = _counted(_scrape(j))
+        assert before[("fleetgate_tick_failures_total", ())] == 2  # 220 and 340 never finished
+        assert before[("fleetgate_tick_duration_seconds_count", ())] == 4
+
+        deleted, done = retention.prune(j.store, 3 * DAY + 1, 1, batch=2)
+        assert done and deleted["ticks"] == len(TICKS) and deleted["llm_calls"] == 4
+        assert deleted["actions"] == len(ACTIONS) - 1  # not the open intent
+        after = _counted(_scrape(j))
+        assert after == before
+
+        # the totals are in the journal: another controller, or this one restarted, reads them
+        reopened = Journal(j.store)
+        assert _counted(_scrape(reopened)) == before
+        # and they go on counting from there
+        record_action(j, 3 * DAY + 5, action="reboot", status="done", proposer="rule:r")
+        j.llm.add_llm_call(escalation_id=None, now=3 * DAY + 6, model="m", status="ok",
+                           tokens=10, latency_ms=300.0)  # fmt: skip
+        later = _counted(_scrape(j))
+        key = ("fleetgate_actions_total", (("action", "reboot"), ("proposer", "rule"),
+                                           ("status", "done")))  # fmt: skip
+        assert later[key] == before[key] + 1
+        assert later[("fleetgate_llm_calls_total", (("status", "ok"),))] == 3
+        assert later[("fleetgate_llm_tokens_total", ())] == 1560
+        assert later[("fleetgate_llm_latency_seconds_bucket", (("le", "0.5"),))] == 1
+        assert later[("fleetgate_llm_latency_seconds_count", ())] == 4
+        assert all(later[k] >= v for k, v in before.items())

@@ -2,8 +2,10 @@
 
 Nothing is counted in memory: every scrape reads the journal (a few aggregate SELECTs), so
 the numbers are the same whichever controller of several serves them, survive a restart, and
-say what the journal says. Label values come from fixed sets or from names the controller
-itself chose (action kinds, statuses, stages); anything else is `other`, never free text.
+say what the journal says. What retention deleted is in the journal's running totals
+(controller/store/totals.py) and added in, so no counter goes down when old rows go. Label
+values come from fixed sets or from names the controller itself chose (action kinds,
+statuses, stages); anything else is `other`, never free text.
 
     fleetgate_tick_duration_seconds              histogram of finished ticks
     fleetgate_tick_failures_total                ticks started, never finished, before the
@@ -28,7 +30,6 @@ answers 503, so the scrape fails visibly rather than reporting zeros.
 from __future__ import annotations
 
 import logging
-import re
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -48,25 +49,19 @@ from controller.store import lease
 from controller.store.aggregate import loads
 from controller.store.backend import JournalError
 from controller.store.journal import Journal
+from controller.store.totals import (
+    LLM_BUCKETS_S,
+    PROPOSERS,
+    TICK_BUCKETS_S,
+    Totals,
+    name_label,
+    proposer_class,
+)
 
 log = logging.getLogger(__name__)
 
-PROPOSERS = ("rule", "llm", "human", "deadline")  # a proposer's class; anything else: other
-TICK_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
-LLM_BUCKETS_S = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,47}$")  # a name the controller chose
-
-
-def proposer_class(proposer: str) -> str:
-    """`rule:restart-frozen` -> rule; a proposer of no known class -> other."""
-    head = str(proposer).split(":", 1)[0]
-    return head if head in PROPOSERS else "other"
-
-
-def name_label(value: Any) -> str:
-    """A label value from a column the controller writes names to; free text -> other."""
-    text = "" if value is None else str(value)
-    return text if _NAME.match(text) else "other"
+__all__ = ["LLM_BUCKETS_S", "PROPOSERS", "TICK_BUCKETS_S", "JournalCollector", "metrics_router",
+           "name_label", "proposer_class"]  # fmt: skip
 
 
 def _number(value: Any) -> float | None:
@@ -102,15 +97,33 @@ class JournalCollector(Collector):
     def __init__(self, journal: Journal, lease_name: str = lease.LEADER) -> None:
         self.journal = journal
         self.lease_name = lease_name
+        self._folded: dict[tuple[str, str], float] = {}
 
     def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
         return self.journal.store.query(sql, args)
 
+    def _total(self, metric: str, labels: str = "") -> float:
+        """What retention deleted of `metric` (controller/store/totals.py)."""
+        return self._folded.get((metric, labels), 0.0)
+
+    def _folded_histogram(self, name: str, buckets: Sequence[float], row: dict[str, Any]
+                          ) -> tuple[list[int], int, float]:  # fmt: skip
+        """A histogram's buckets, count and sum: `row`'s (le0.., n, total) and the totals'."""
+        le = [int(row[f"le{i}"]) + int(self._total(f"{name}.le", str(i)))
+              for i in range(len(buckets))]  # fmt: skip
+        return (le, int(row["n"]) + int(self._total(f"{name}.count")),
+                float(row["total"]) + self._total(f"{name}.sum"))  # fmt: skip
+
     def collect(self) -> Iterator[Metric]:
-        yield from self._ticks()
-        yield from self._actions()
+        # the counters and the totals retention folds deleted rows into, as of one instant (a
+        # prune between two reads would count its rows twice, or not at all)
+        with self.journal.store.snapshot():
+            self._folded = self.journal.totals.read()
+            ticks, actions, llm = list(self._ticks()), list(self._actions()), list(self._llm())
+        yield from ticks
+        yield from actions
         yield from self._escalations()
-        yield from self._llm()
+        yield from llm
         yield from self._fleet()
         yield from self._lease()
 
@@ -122,12 +135,12 @@ class JournalCollector(Collector):
             f"MAX(id) AS last_id, {_bucket_sql(dur, TICK_BUCKETS_S)} "
             "FROM ticks WHERE finished_at IS NOT NULL"
         )[0]
-        le = [int(row[f"le{i}"]) for i in range(len(TICK_BUCKETS_S))]
+        le, n, total = self._folded_histogram("tick", TICK_BUCKETS_S, row)
         yield _histogram("fleetgate_tick_duration_seconds", "How long each finished tick took.",
-                         TICK_BUCKETS_S, le, int(row["n"]), float(row["total"]))  # fmt: skip
-        failed = 0
+                         TICK_BUCKETS_S, le, n, total)  # fmt: skip
+        failed = int(self._total("tick.failed"))
         if row["last_id"] is not None:
-            failed = int(self._query("SELECT COUNT(*) AS n FROM ticks WHERE finished_at IS NULL "
+            failed += int(self._query("SELECT COUNT(*) AS n FROM ticks WHERE finished_at IS NULL "
                                      "AND id < ?", (int(row["last_id"]),))[0]["n"])  # fmt: skip
         yield CounterMetricFamily("fleetgate_tick_failures", "Ticks that started and never "
                                   "finished, older than the last finished tick.",
@@ -146,6 +159,10 @@ class JournalCollector(Collector):
             key = (name_label(r["action"]), name_label(r["status"]),
                    proposer_class(r["proposer"]))  # fmt: skip
             counts[key] += int(r["n"])
+        for (metric, labels), value in self._folded.items():
+            folded = Totals.action_labels(labels) if metric == "actions" else None
+            if folded is not None:
+                counts[folded] += int(value)
         yield _labelled(CounterMetricFamily("fleetgate_actions", "Actions in the journal by "
                                             "kind, status and proposer class.",
                                             labels=("action", "status", "proposer")),
@@ -175,18 +192,22 @@ class JournalCollector(Collector):
         calls: Counter[str] = Counter()
         for r in rows:
             calls[name_label(r["status"])] += int(r["n"])
+        for (metric, status), value in self._folded.items():
+            if metric == "llm.calls":
+                calls[name_label(status)] += int(value)
         yield _labelled(CounterMetricFamily("fleetgate_llm_calls", "LLM calls by status.",
                                             labels=("status",)), calls)  # fmt: skip
+        tokens = sum(int(r["tokens"]) for r in rows) + int(self._total("llm.tokens"))
         yield CounterMetricFamily("fleetgate_llm_tokens", "Tokens the LLM calls used.",
-                                  value=sum(int(r["tokens"]) for r in rows))  # fmt: skip
+                                  value=tokens)  # fmt: skip
         secs = "(latency_ms / 1000.0)"
         row = self._query(
             f"SELECT COUNT(*) AS n, COALESCE(SUM({secs}), 0) AS total, "
             f"{_bucket_sql(secs, LLM_BUCKETS_S)} FROM llm_calls WHERE latency_ms IS NOT NULL"
         )[0]
-        le = [int(row[f"le{i}"]) for i in range(len(LLM_BUCKETS_S))]
+        le, n, total = self._folded_histogram("llm.latency", LLM_BUCKETS_S, row)
         yield _histogram("fleetgate_llm_latency_seconds", "How long each LLM call took.",
-                         LLM_BUCKETS_S, le, int(row["n"]), float(row["total"]))  # fmt: skip
+                         LLM_BUCKETS_S, le, n, total)  # fmt: skip
 
     # ---- fleet -----------------------------------------------------------------------------
     def _fleet(self) -> Iterator[Metric]:

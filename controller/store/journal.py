@@ -10,6 +10,7 @@ aggregate, each a narrow interface over its own tables:
     journal.llm          LLM calls and the budget's usage
     journal.rule_pending rules waiting out their `for:` (since when each condition has held)
     journal.demand       demand and its forecast per tick (what the forecast learns from)
+    journal.totals       what retention deleted, as the metrics counted it (running totals)
 
 The leader lease (`controller/store/lease.py`) and the instance records
 (`controller/store/records.py`) work on the same store through `tx()`.
@@ -41,6 +42,7 @@ from controller.store.fleet import Fleet
 from controller.store.llm_usage import LlmUsage
 from controller.store.meta import Meta
 from controller.store.rule_pending import RulePending
+from controller.store.totals import Totals
 
 __all__ = ["Journal", "JournalError", "StaleLeader"]
 
@@ -62,9 +64,10 @@ class Journal:
         self.llm = LlmUsage(self.store)
         self.rule_pending = RulePending(self.store)
         self.demand = DemandHistory(self.store)
+        self.totals = Totals(self.store)
         if not read_only:
             self._create((self.meta, self.actions, self.escalations, self.fleet, self.llm,
-                          self.demand, self.rule_pending))  # fmt: skip  # fmt: skip
+                          self.demand, self.rule_pending, self.totals))  # fmt: skip
 
     def _create(self, parts: tuple[Aggregate, ...]) -> None:
         self.store.create(statements("".join(p.SCHEMA for p in parts) + lease.SCHEMA))

@@ -16,6 +16,9 @@ cutoff too (a launch row that names no instance says nothing and goes with the o
 Launches are pruned before events, so the `gone` event that lets one go is still there when
 it is looked at; a launch whose instance's `gone` event is no longer in the journal stays.
 
+What the deleted ticks, actions and LLM calls counted is added to the metrics' running totals
+in the transaction that deletes them (controller/store/totals.py), so no counter goes down.
+
 Kept whatever their age: the fleet's tracks and hosts (current state), the key/value store,
 the lease, replacements. `now` is the controller's clock (virtual on the simulator), passed in.
 
@@ -29,11 +32,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from controller.store import totals
 from controller.store.aggregate import loads
 from controller.store.backend import JournalError, Store
 
@@ -99,10 +104,8 @@ def prune(
         while True:
             if out_of_time():
                 return deleted, False
-            with store.tx() as db:
-                n = db.execute(f"DELETE FROM {table} WHERE id IN "
-                               f"(SELECT id FROM {table} WHERE {where} LIMIT ?)",
-                               (cutoff, batch)).rowcount  # fmt: skip
+            n = _delete(store, table, f"SELECT id FROM {table} WHERE {where} LIMIT ?",
+                        (cutoff, batch))  # fmt: skip
             if n:
                 deleted[table] = deleted.get(table, 0) + n
             if n < batch:
@@ -134,11 +137,22 @@ def _prune_launches(store: Store, cutoff: float, batch: int, deleted: dict[str, 
         if out_of_time():
             return False
         if ids:
-            marks = ", ".join("?" * len(ids))
-            with store.tx() as db:
-                n = db.execute(f"DELETE FROM actions WHERE id IN ({marks})", ids).rowcount
+            n = _delete(store, "actions", ", ".join("?" * len(ids)), ids)
             deleted["actions"] = deleted.get("actions", 0) + n
     return True
+
+
+def _delete(store: Store, table: str, ids: str, args: Sequence[Any]) -> int:
+    """Delete the rows of `table` whose id is in `ids` (a SELECT or a list of `?`), in one
+    transaction that adds what they counted to the metrics' totals; how many went."""
+    returning = totals.RETURNING.get(table)
+    sql = f"DELETE FROM {table} WHERE id IN ({ids})"
+    with store.tx() as db:
+        if returning is None:
+            return db.execute(sql, args).rowcount
+        rows = db.execute(f"{sql} RETURNING {returning}", args).fetchall()
+        totals.fold(db, table, rows)
+        return len(rows)
 
 
 def _went(store: Store, cutoff: float, batch: int) -> Iterator[list[int]]:
