@@ -203,13 +203,13 @@ def test_shipped_alert_rules_pass_promtool() -> None:
     check = subprocess.run([PROMTOOL, "check", "rules", "fleetgate-alerts.yaml"], cwd=RULES,
                            capture_output=True, text=True, timeout=60)  # fmt: skip
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "4 rules found" in check.stdout
+    assert "5 rules found" in check.stdout
     unit = subprocess.run([PROMTOOL, "test", "rules", "fleetgate-alerts_test.yaml"], cwd=RULES,
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert unit.returncode == 0, unit.stdout + unit.stderr
     tested = (RULES / "fleetgate-alerts_test.yaml").read_text(encoding="utf-8")
-    for alert in ("FleetgateTickStalled", "FleetgateTickFailures", "FleetgateBudgetNearCap",
-                  "FleetgateEscalationPending"):  # fmt: skip
+    for alert in ("FleetgateTickStalled", "FleetgateMetricsAbsent", "FleetgateTickFailures",
+                  "FleetgateBudgetNearCap", "FleetgateEscalationPending"):  # fmt: skip
         assert f"alertname: {alert}" in tested
 
 
