@@ -113,12 +113,15 @@ def test_metrics_scrape_passes_promtool_and_matches_the_journal(
     assert check.returncode == 0, check.stdout + check.stderr
     got = _samples(resp.text)
 
-    # actions: one series per (kind, status, proposer class), equal to the rows written
-    want = Counter((a, s, c) for a, s, _p, c in ACTIONS)
+    # actions with an outcome: one series per (kind, status, proposer class), equal to the
+    # rows written; the open intent is a gauge's
+    want = Counter((a, s, c) for a, s, _p, c in ACTIONS if s != "intent")
     series = {k: v for k, v in got.items() if k[0] == "fleetgate_actions_total"}
     assert series == {("fleetgate_actions_total",
                        (("action", a), ("proposer", c), ("status", s))): float(n)
                       for (a, s, c), n in want.items()}  # fmt: skip
+    opened = {k: v for k, v in got.items() if k[0] == "fleetgate_actions_open"}
+    assert opened == {("fleetgate_actions_open", (("action", "destroy"), ("status", "intent"))): 1}
     assert "drop everything" not in resp.text and "host-a" not in resp.text
 
     # ticks: three finished (1.5 s, 0.2 s, 3 s), one failed, the newest still running
@@ -185,6 +188,19 @@ def test_metrics_follow_the_journal_between_scrapes(
     before = _samples(resp.text)[("fleetgate_actions_total", (("action", "reboot"),
                                   ("proposer", "rule"), ("status", "done")))]  # fmt: skip
     record_action(j, 400.0, action="reboot", status="done", proposer="rule:restart-frozen")
+    # an intent that finishes leaves the open gauge and is counted; no counter goes down
+    before_all = _counted(_samples(resp.text))
+    intent = record_action(j, 410.0, action="drain", status="intent", proposer="rule:d")
+    during = _samples(requests.get(base, timeout=10).text)
+    assert during[("fleetgate_actions_open", (("action", "drain"), ("status", "intent")))] == 1
+    j.actions.finish(intent, 411.0, "ok", {})
+    done = _samples(requests.get(base, timeout=10).text)
+    assert ("fleetgate_actions_open", (("action", "drain"), ("status", "intent"))) not in done
+    assert done[("fleetgate_actions_total", (("action", "drain"), ("proposer", "rule"),
+                 ("status", "ok")))] == 1  # fmt: skip
+    for key, value in {**before_all, **_counted(during)}.items():
+        assert done[key] >= value, key
+
     with j.tx() as db:  # the leader stopped renewing 100 s ago
         db.execute("UPDATE leases SET expires_at = expires_at - 100")
     after = _samples(requests.get(base, timeout=10).text)

@@ -11,7 +11,9 @@ statuses, stages); anything else is `other`, never free text.
     fleetgate_tick_failures_total                ticks started, never finished, before the
                                                  last finished one
     fleetgate_last_tick_finished_timestamp_seconds
-    fleetgate_actions_total{action,status,proposer}   (an intent moves to its outcome when done)
+    fleetgate_actions_total{action,status,proposer}   actions with an outcome (counted once
+                                                 they have one: a counter's series never drops)
+    fleetgate_actions_open{action,status}        intents, and outcomes still unknown
     fleetgate_escalations{kind,status}
     fleetgate_escalation_oldest_pending_timestamp_seconds
     fleetgate_llm_calls_total{status}, fleetgate_llm_tokens_total, fleetgate_llm_latency_seconds
@@ -155,7 +157,11 @@ class JournalCollector(Collector):
         rows = self._query("SELECT action, status, proposer, COUNT(*) AS n FROM actions "
                            "GROUP BY action, status, proposer")  # fmt: skip
         counts: Counter[tuple[str, str, str]] = Counter()
+        open_: Counter[tuple[str, str]] = Counter()
         for r in rows:
+            if r["status"] in OPEN_STATUSES:  # it moves to its outcome: not a counter's series
+                open_[(name_label(r["action"]), str(r["status"]))] += int(r["n"])
+                continue
             key = (name_label(r["action"]), name_label(r["status"]),
                    proposer_class(r["proposer"]))  # fmt: skip
             counts[key] += int(r["n"])
@@ -163,10 +169,13 @@ class JournalCollector(Collector):
             folded = Totals.action_labels(labels) if metric == "actions" else None
             if folded is not None:
                 counts[folded] += int(value)
-        yield _labelled(CounterMetricFamily("fleetgate_actions", "Actions in the journal by "
+        yield _labelled(CounterMetricFamily("fleetgate_actions", "Actions with an outcome by "
                                             "kind, status and proposer class.",
                                             labels=("action", "status", "proposer")),
                         counts)  # fmt: skip
+        yield _labelled(GaugeMetricFamily("fleetgate_actions_open", "Actions under way "
+                                          "(intent) or of unknown outcome, by kind.",
+                                          labels=("action", "status")), open_)  # fmt: skip
 
     # ---- escalations -----------------------------------------------------------------------
     def _escalations(self) -> Iterator[Metric]:
@@ -255,6 +264,7 @@ PER_TASK = (
      "Pending + running forecast one boot time ahead, as of the last tick."),
 )  # fmt: skip
 SENSOR_STATES = ("ok", "stale", "failed")
+OPEN_STATUSES = ("intent", "unknown")  # an action's status that later moves to its outcome
 
 
 def _per_task(queues: Any) -> Iterator[Metric]:
