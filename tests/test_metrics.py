@@ -281,3 +281,21 @@ def test_counters_do_not_go_down_when_retention_deletes_old_rows(
         assert later[("fleetgate_llm_latency_seconds_bucket", (("le", "0.5"),))] == 1
         assert later[("fleetgate_llm_latency_seconds_count", ())] == 4
         assert all(later[k] >= v for k, v in before.items())
+
+
+def test_instance_statuses_from_the_provider_are_a_bounded_set_of_labels(tmp_path: Path) -> None:
+    """vast's actual_status is the provider's text: 1,000 instances each with a status of its
+    own (name-like, so not filtered as free text) are still a handful of series."""
+    journal = Journal(tmp_path / "j.db")
+    try:
+        tracks = {str(i): _track(str(i), "running", f"status_{i}") for i in range(1000)}
+        tracks["a"] = _track("a", "running", "running")
+        tracks["b"] = _track("b", "registered", "rebooting")
+        journal.fleet.save_tracks(tracks, [])
+        got = _scrape(journal)
+    finally:
+        journal.close()
+    instances = {k[1]: v for k, v in got.items() if k[0] == "fleetgate_instances"}
+    assert instances == {(("stage", "running"), ("status", "other")): 1000,
+                         (("stage", "running"), ("status", "running")): 1,
+                         (("stage", "registered"), ("status", "rebooting")): 1}  # fmt: skip

@@ -17,7 +17,8 @@ statuses, stages); anything else is `other`, never free text.
     fleetgate_escalations{kind,status}
     fleetgate_escalation_oldest_pending_timestamp_seconds
     fleetgate_llm_calls_total{status}, fleetgate_llm_tokens_total, fleetgate_llm_latency_seconds
-    fleetgate_instances{stage,status}            the tracked instances
+    fleetgate_instances{stage,status}            the tracked instances (vast's status: one of
+                                                 its documented values, else other)
     fleetgate_fleet_instances, fleetgate_pending_tasks, fleetgate_running_tasks,
     fleetgate_spend_per_hour                     from the last finished tick's summary
     fleetgate_task_pending{task}, fleetgate_task_running{task},
@@ -221,7 +222,8 @@ class JournalCollector(Collector):
     # ---- fleet -----------------------------------------------------------------------------
     def _fleet(self) -> Iterator[Metric]:
         tracks = self.journal.fleet.tracks().values()
-        counts = Counter((name_label(t.stage), name_label(t.status)) for t in tracks)
+        counts = Counter((name_label(t.stage), _known(t.status, INSTANCE_STATUSES))
+                         for t in tracks)  # fmt: skip
         yield _labelled(GaugeMetricFamily("fleetgate_instances", "Tracked instances by stage "
                                           "and status.", labels=("stage", "status")),
                         counts)  # fmt: skip
@@ -265,6 +267,14 @@ PER_TASK = (
 )  # fmt: skip
 SENSOR_STATES = ("ok", "stale", "failed")
 OPEN_STATUSES = ("intent", "unknown")  # an action's status that later moves to its outcome
+# vast's actual_status values (provisioning: none yet); the provider's text, so any other -> other
+INSTANCE_STATUSES = ("provisioning", "created", "scheduling", "loading", "running", "rebooting",
+                     "stopped", "frozen", "exited", "offline", "unknown")  # fmt: skip
+
+
+def _known(value: Any, names: Sequence[str]) -> str:
+    """`value` if it is one of `names` (a bounded set), else other."""
+    return value if isinstance(value, str) and value in names else "other"
 
 
 def _per_task(queues: Any) -> Iterator[Metric]:
