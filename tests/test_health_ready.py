@@ -46,6 +46,22 @@ def test_healthz_writes_the_journal_and_fails_when_it_cannot(tmp_path: Path) -> 
         assert r.json() == {"status": "failed", "reason": "the journal cannot be written"}
 
 
+def test_healthz_fails_once_the_journal_file_is_deleted_or_replaced(tmp_path: Path) -> None:
+    """The open connection goes on writing into a deleted file, or the one moved away, which
+    nobody reads; every tick holds until a restart, which a liveness probe is there to ask for."""
+    journal = Journal(tmp_path / "j.db")
+    reason = "the journal this process opened is gone or was replaced: restart it"
+    lost = {"status": "failed", "reason": reason}
+    with served(create_app(journal, SecretStr(TOKEN), clock=lambda: 1.0), journal) as base:
+        assert requests.get(f"{base}/healthz", timeout=10).status_code == 200
+        (tmp_path / "j.db").rename(tmp_path / "moved.db")
+        r = requests.get(f"{base}/healthz", timeout=10)
+        assert r.status_code == 503 and r.json() == lost
+        Journal(tmp_path / "j.db").close()  # another journal where it was
+        r = requests.get(f"{base}/healthz", timeout=10)
+        assert r.status_code == 503 and r.json() == lost
+
+
 class Demand:
     """The simulator's demand sensor, whose reading goes stale when told to."""
 

@@ -52,7 +52,7 @@ from controller.service.dashboard import View, dashboard_router
 from controller.service.metrics import metrics_router
 from controller.service.status import last_finished_tick, readiness
 from controller.store import lease
-from controller.store.backend import JournalError
+from controller.store.backend import JournalError, JournalLost
 from controller.store.journal import Journal
 from escalation import approvals
 from escalation.capabilities import check_capability
@@ -86,9 +86,10 @@ def create_app(
     app = _bare()
     for router in routers:
         app.include_router(router)
-    auth = Auth(token, journal.meta.identity())
+    journal_id = journal.meta.identity()
+    auth = Auth(token, journal_id)
     view = view or View()
-    app.include_router(status_router(journal, auth, status, clock, view))
+    app.include_router(status_router(journal, auth, status, clock, view, journal_id))
     settle = answerer(journal, clock, on_answer)
     app.include_router(escalations_router(journal, auth, clock, settle))
     app.include_router(metrics_router(journal))
@@ -240,17 +241,27 @@ def status_router(
     status: Callable[[], dict[str, Any]] | None,
     clock: Callable[[], float] = time.time,
     view: View | None = None,
+    journal_id: str | None = None,
 ) -> APIRouter:
     """`GET /healthz` and `GET /readyz` (no token), `GET /v1/status` (`status()`, else the
-    last tick)."""
+    last tick). `journal_id`: the identity of the journal this process opened."""
     router = APIRouter()
     view = view or View()
 
     @router.get("/healthz", response_model=None)
     def healthz() -> dict[str, str] | JSONResponse:
-        """Liveness: the process answers and the journal takes a write."""
+        """Liveness: the process answers and the journal it opened takes a write (a deleted
+        or replaced journal file took the write, into a file nobody reads, while every tick
+        held until a restart)."""
         try:
+            if journal_id is not None:
+                journal.meta.check_identity(journal_id)
             journal.meta.put(HEALTH_KEY, clock())
+        except JournalLost as exc:
+            log.error("/healthz: %s", exc)
+            return JSONResponse({"status": "failed", "reason": "the journal this process "
+                                 "opened is gone or was replaced: restart it"},
+                                status_code=503)  # fmt: skip
         except JournalError as exc:
             log.error("/healthz: the journal cannot be written: %s", exc)
             return JSONResponse({"status": "failed", "reason": "the journal cannot be written"},
