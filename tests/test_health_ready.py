@@ -141,7 +141,9 @@ def test_a_standby_is_ready_while_the_leader_ticks(controller: Any) -> None:
 
 
 def test_readyz_on_a_running_controller(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`serve_api` hands the config's interval and lease holder to /readyz."""
+    """`serve_api` hands the interval and lease holder to /readyz: on the simulator, whose
+    clock is virtual, the interval is the virtual seconds a tick advances (a tick every
+    0.01 s that advances 60 s read as stalled half the time, between ticks)."""
     from dash.deck import TOKEN as DASH_TOKEN
     from dash.deck import running
 
@@ -151,5 +153,12 @@ def test_readyz_on_a_running_controller(tmp_path: Path, monkeypatch: pytest.Monk
         deck.app.controller.tick()
         code, doc = ready(deck.base)
         assert code == 200 and doc["role"] == "leader"
-        assert doc["interval_s"] == deck.app.config.interval_s
-        assert doc["stall_after_s"] == stall_after_s(deck.app.config.interval_s)
+        step = deck.app.config.sim.seconds_per_tick
+        assert deck.app.config.interval_s < step
+        assert doc["interval_s"] == step and doc["stall_after_s"] == stall_after_s(step)
+        deck.app.wire.before_tick(step)  # the next tick's world moved on; it has not finished
+        code, doc = ready(deck.base)
+        assert code == 200 and doc["last_tick"]["age_s"] == step, doc
+        deck.app.wire.before_tick(3 * step)  # stalled by the virtual clock: three ticks' worth
+        code, doc = ready(deck.base)
+        assert code == 503 and "the last tick finished 240 s ago" in doc["reasons"][0], doc

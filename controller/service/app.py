@@ -123,7 +123,10 @@ class App:
         from controller.service.dashboard import View
         from controller.store.lease import default_holder
 
-        return View(interval_s=self.config.interval_s, ttl_s=self.config.lease.ttl_s,
+        # ticks are judged by the controller's clock: on the simulator a virtual one, which a
+        # tick advances by seconds_per_tick whatever the (real) interval between ticks
+        interval = self.config.interval_s if self.sim is None else self.config.sim.seconds_per_tick
+        return View(interval_s=interval, ttl_s=self.config.lease.ttl_s,
                     holder=self.config.lease.holder or default_holder(),
                     guards=self.config.guards, rulebook=lambda: self.controller.rules.book,
                     public_url=self.config.api.public_url if self.config.api else None)  # fmt: skip
