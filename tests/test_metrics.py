@@ -4,6 +4,7 @@ promtool; the shipped alert rules pass `promtool check rules` and their unit tes
 from __future__ import annotations
 
 import subprocess
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,8 +15,11 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
+from controller.core.model import Demand
 from controller.core.track import Track
 from controller.service.api import Server, create_app
+from controller.service.assemble import assemble
+from controller.service.config import Config
 from controller.store import retention
 from controller.store.journal import Journal
 from controller.store.lease import Lease
@@ -299,3 +303,30 @@ def test_instance_statuses_from_the_provider_are_a_bounded_set_of_labels(tmp_pat
     assert instances == {(("stage", "running"), ("status", "other")): 1000,
                          (("stage", "running"), ("status", "running")): 1,
                          (("stage", "registered"), ("status", "rebooting")): 1}  # fmt: skip
+
+
+class ManyTasks:
+    """The simulator's demand with 59 more task names before its total (`all`, last)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def demand(self) -> list[Demand]:
+        queues = list(self.inner.demand())
+        extra = [Demand(f"Task{n}", 1, 0) for n in range(59)]
+        return [*[q for q in queues if q.task != "all"], *extra,
+                *[q for q in queues if q.task == "all"]]  # fmt: skip
+
+
+def test_the_total_queue_is_kept_whatever_the_number_of_task_names(tmp_path: Path) -> None:
+    app = assemble(Config(), state=tmp_path / "s", clock=time.time, sleep=time.sleep, seed=7)
+    try:
+        app.controller.demand = ManyTasks(app.controller.demand)
+        app.controller.tick()
+        [last] = app.journal.meta.ticks(1)
+        got = _scrape(app.journal)
+    finally:
+        app.close()
+    tasks = {dict(k[1])["task"] for k in got if k[0] == "fleetgate_task_pending"}
+    assert "all" in tasks and len(tasks) == 50
+    assert got[("fleetgate_task_pending", (("task", "all"),))] == last["summary"]["pending"]

@@ -232,7 +232,7 @@ class Controller:
             "sensors": {s.name: s.state for s in planned.observation.sensors},
             "demand": [
                 _queue(d, planned.history.forecasts.get(d.task))
-                for d in planned.observation.demand[:50]
+                for d in _shown(planned.observation.demand)
             ],  # fmt: skip
             "foreign": [
                 {"id": i.id, "label": i.label, "status": i.status}
@@ -313,6 +313,16 @@ class Controller:
             - planned.history.launches_since(planned.now - 3600),
             "max_instances": lim.max_instances,
         }
+
+
+SHOWN_TASKS = 50  # task queues a tick's summary keeps (the metrics' and the pages' rows)
+
+
+def _shown(demand: Sequence[Demand]) -> list[Demand]:
+    """The first queues of `demand`, and the total (`all`, listed last) whatever their number:
+    with 50 task names configured the total was cut from the metrics and the pages."""
+    total = [d for d in demand if d.task == "all"][:1]
+    return [*[d for d in demand if d.task != "all"][: SHOWN_TASKS - len(total)], *total]
 
 
 def _queue(d: Demand, forecast: Any = None) -> dict[str, Any]:
