@@ -23,6 +23,7 @@ from controller.service.config import Config
 from controller.store import retention
 from controller.store.journal import Journal
 from controller.store.lease import Lease
+from controller.store.totals import TICK_BUCKETS_S
 from tests.support import BACKENDS, ROOT, journal_on, record_action
 
 PROMTOOL = "/usr/bin/promtool"
@@ -268,6 +269,9 @@ def test_counters_do_not_go_down_when_retention_deletes_old_rows(
         assert deleted["actions"] == len(ACTIONS) - 1  # not the open intent
         after = _counted(_scrape(j))
         assert after == before
+        # a bucket's total is kept by its bound, so buckets added later do not shift it
+        saved = {labels for metric, labels in j.totals.read() if metric == "tick.le"}
+        assert {"0.25", "2.5", "5"} <= saved <= {f"{b:g}" for b in TICK_BUCKETS_S}
 
         # the totals are in the journal: another controller, or this one restarted, reads them
         reopened = Journal(j.store)

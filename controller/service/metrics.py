@@ -57,6 +57,7 @@ from controller.store.totals import (
     PROPOSERS,
     TICK_BUCKETS_S,
     Totals,
+    bound_label,
     name_label,
     proposer_class,
 )
@@ -112,8 +113,8 @@ class JournalCollector(Collector):
     def _folded_histogram(self, name: str, buckets: Sequence[float], row: dict[str, Any]
                           ) -> tuple[list[int], int, float]:  # fmt: skip
         """A histogram's buckets, count and sum: `row`'s (le0.., n, total) and the totals'."""
-        le = [int(row[f"le{i}"]) + int(self._total(f"{name}.le", str(i)))
-              for i in range(len(buckets))]  # fmt: skip
+        le = [int(row[f"le{i}"]) + int(self._total(f"{name}.le", bound_label(b)))
+              for i, b in enumerate(buckets)]  # fmt: skip
         return (le, int(row["n"]) + int(self._total(f"{name}.count")),
                 float(row["total"]) + self._total(f"{name}.sum"))  # fmt: skip
 

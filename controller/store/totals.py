@@ -51,6 +51,11 @@ def name_label(value: Any) -> str:
     return text if _NAME.match(text) else "other"
 
 
+def bound_label(bound: float) -> str:
+    """A histogram bucket's key among the totals: its upper bound (`0.25`), not its place."""
+    return f"{bound:g}"
+
+
 def _labels(*values: str) -> str:
     return json.dumps(list(values))
 
@@ -59,8 +64,8 @@ def _histogram(out: defaultdict[tuple[str, str], float], name: str, buckets: Seq
                values: Sequence[float]) -> None:  # fmt: skip
     out[(f"{name}.count", "")] += len(values)
     out[(f"{name}.sum", "")] += sum(values)
-    for i, b in enumerate(buckets):
-        out[(f"{name}.le", str(i))] += sum(1 for v in values if v <= b)
+    for b in buckets:  # keyed by the bound, so buckets added later start from what they saw
+        out[(f"{name}.le", bound_label(b))] += sum(1 for v in values if v <= b)
 
 
 def contributions(db: Tx, table: str, rows: Sequence[Row]) -> defaultdict[tuple[str, str], float]:
