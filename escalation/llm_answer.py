@@ -165,11 +165,14 @@ def _raw(message: dict[str, Any]) -> str:
     return str(text or "")[:RAW_CAP]
 
 
+MAX_TOKENS = 10**12  # a call's tokens as journaled: an integer any journal column holds
+
+
 def _tokens(reply: dict[str, Any], messages: Sequence[dict[str, str]], raw: str) -> int:
     usage = reply.get("usage")
     total = usage.get("total_tokens") if isinstance(usage, dict) else None
     if isinstance(total, int) and not isinstance(total, bool) and total >= 0:
-        return total
+        return min(total, MAX_TOKENS)  # a claim past it spends the budget all the same
     # no usage reported: about 4 characters a token, of the prompt and of the whole reply (the
     # journal keeps `raw` capped; a reply of a megabyte spends its budget all the same)
     answer = max(len(raw), len(json.dumps(reply, ensure_ascii=False)))

@@ -27,6 +27,7 @@ from fakes.openai_server import (
 from pydantic import SecretStr, ValidationError
 
 from controller.core.actions import ACTIONS
+from controller.store.journal import Journal
 from escalation.llm import (
     MAX_WAIT_S,
     LLMBudgetExceeded,
@@ -38,8 +39,10 @@ from escalation.llm import (
     MemoryUsage,
     render_prompt,
 )
+from escalation.llm_answer import MAX_TOKENS
 from escalation.render import Renderer
 from escalation.situation import Situation, sanitize_fact
+from escalation.usage import JournalUsage
 
 NOW = 1_714_564_800.0
 KEY = "sk-test-5ecret-d0-not-print"
@@ -583,3 +586,24 @@ def test_text_the_model_writes_in_params_is_one_line_and_capped(
     message = answer.params["message"]
     assert "\n" not in message and message.startswith("ok\\nApprove: ")
     assert message.endswith("chars]") and len(message) <= 1100  # the rationale's cap
+
+
+def test_an_endpoint_claiming_absurd_usage_spends_the_budget_without_breaking_the_journal(
+    sleeps: Sleeps, tmp_path: Path
+) -> None:
+    """`usage.total_tokens` of 10**20: SQLite cannot store it (OverflowError), so the call
+    and its spend were lost. It is journaled capped, and the budget is spent."""
+    journal = Journal(tmp_path / "j.db")
+    http = requests.Session()
+    http.trust_env = False
+    s = LLMSettings(base_url="http://x", model="fake-model", timeout_s=5,
+                    max_tokens_per_day=10**6)  # fmt: skip
+    with http, FakeOpenAI(call("hold"), total_tokens=10**20) as fake:
+        s = s.model_copy(update={"base_url": fake.url})
+        client = LLMClient(s, Renderer(), JournalUsage(journal), http, clock=lambda: NOW,
+                           sleep=sleeps)  # fmt: skip
+        assert client.decide(situation(), TARGETS).tokens == MAX_TOKENS
+        with pytest.raises(LLMBudgetExceeded):
+            client.decide(situation(), TARGETS)
+    assert journal.llm.llm_usage_since(0) == (1, MAX_TOKENS)
+    journal.close()
