@@ -39,6 +39,7 @@ ACTIONS = [
     ("replace", "done", "llm:gpt-x", "llm"),
     ("replace", "refused", "human:ana", "human"),
     ("scale_to", "done", "deadline:esc-4", "deadline"),
+    ("destroy", "done", "controller:replace", "controller"),  # the old one of a replace
     ("destroy", "intent", "someone typed this: drop everything", "other"),
 ]
 TICKS = [(100.0, 101.5), (160.0, 160.2), (220.0, None), (280.0, 283.0), (340.0, None)]
