@@ -134,6 +134,8 @@ def test_metrics_scrape_passes_promtool_and_matches_the_journal(
     durations = [f - s for s, f in TICKS if f is not None]
     assert got[("fleetgate_tick_duration_seconds_count", ())] == len(durations)
     assert got[("fleetgate_tick_duration_seconds_sum", ())] == pytest.approx(sum(durations))
+    # a small fleet's ticks take milliseconds: buckets from 5 ms, as Prometheus's defaults
+    assert got[("fleetgate_tick_duration_seconds_bucket", (("le", "0.005"),))] == 0
     assert got[("fleetgate_tick_duration_seconds_bucket", (("le", "0.25"),))] == 1
     assert got[("fleetgate_tick_duration_seconds_bucket", (("le", "2.5"),))] == 2
     assert got[("fleetgate_tick_duration_seconds_bucket", (("le", "5.0"),))] == 3

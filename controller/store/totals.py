@@ -24,7 +24,23 @@ from controller.store.backend import Row, Tx
 
 # a proposer's class; anything else: other
 PROPOSERS = ("rule", "llm", "human", "deadline", "controller")
-TICK_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+TICK_BUCKETS_S = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+)
 LLM_BUCKETS_S = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,47}$")  # a name the controller chose
 
