@@ -10,6 +10,8 @@ import ast
 import json
 import math
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -324,6 +326,36 @@ def test_simulate_names_the_bad_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     err = capsys.readouterr().err
     assert f"{csv}:3: deletion_time 'later' is not a number" in err
     assert not (tmp_path / "r" / "report.json").exists()
+
+
+# another `simulate` holding a report directory, in its own process, until its stdin closes
+HOLD = ("import sys; from pathlib import Path; from controller.tools.replay.claim import "
+        "claim_report; lock = claim_report(Path(sys.argv[1])); print('held', flush=True); "
+        "sys.stdin.read()")  # fmt: skip
+
+
+def test_a_simulate_on_a_report_directory_in_use_stops_and_deletes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "report"
+    argv = ["simulate", "--config", str(EXAMPLE), "--trace", str(SLICE), "--days", "0.05",
+            "--report", str(out)]  # fmt: skip
+    with subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True) as other:  # fmt: skip
+        assert other.stdin is not None and other.stdout is not None
+        assert other.stdout.readline() == "held\n"
+        (out / "state").mkdir()
+        journal = out / "state" / "journal.db"
+        journal.write_bytes(b"the other run's journal")
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"fleetgate simulate: {out} is in use by another simulate run" in err
+        assert "--report DIR" in err
+        assert journal.read_bytes() == b"the other run's journal"  # not deleted under it
+        assert not (out / "report.json").exists()
+        other.stdin.close()  # that run ends (leaving the block waits for it)
+    assert main(argv) == 0  # free again once that run has ended
+    assert (out / "report.json").is_file() and journal.read_bytes() != b"the other run's journal"
 
 
 def test_the_faults_add_work_no_policy_avoids_a_task_lost_runs_again_from_its_start() -> None:

@@ -3,7 +3,8 @@
 1. load the config (the simulator's world, rules, guards, settings) and the trace;
 2. cut the trace to the horizon (`--days`, else the last arrival plus the deadline), in whole
    ticks;
-3. run fleetgate on it (`run.run_fleetgate`), its journal in REPORT/state;
+3. run fleetgate on it (`run.run_fleetgate`), its journal in REPORT/state, one run at a time
+   per REPORT (`claim`);
 4. run the baselines on the same tasks, with the world's boot time, slots and fleet cap: the
    static fleet, the proportional scaler and four oracles in the fluid model (`baselines`,
    `market`: with and without stop and start, on the market's machines, without task moves),
@@ -34,6 +35,7 @@ from controller.sim.trace import (
     trace_format,
 )
 from controller.tools.replay import baselines, in_world, market, report
+from controller.tools.replay.claim import ReportInUse, claim_report
 from controller.tools.replay.results import (
     BaselineParams,
     Outcome,
@@ -141,39 +143,46 @@ def simulate(args: argparse.Namespace) -> int:
     tasks = baselines.within(tasks, horizon)
     sample_ticks = max(1, round(ticks / SAMPLES))
     out = Path(args.report)
-    seed = config.sim.seed if args.seed is None else args.seed
-    spec = RunSpec(tasks, ticks, out / "state", seed=seed, sample_ticks=sample_ticks,
-                   progress=sys.stderr.isatty(), answer_after_s=args.answer_after_s)  # fmt: skip
-    run = run_fleetgate(config, spec)
-    params = _params(args, config, run, horizon, sample_ticks * step)
-    world = Simulation(SimConfig.model_validate(
-        trace_config(config, spec.state / "trace.csv").sim.world), seed)  # fmt: skip
-    best = _market(world, params)  # before the world's own proportional scaler rents in it
-    outcomes = [
-        run.outcome,
-        baselines.static_peak(tasks, params),
-        baselines.proportional(tasks, params),
-        in_world.proportional_in_world(world, params, ticks),
-        baselines.oracle(tasks, params),
-        baselines.oracle(tasks, params, warm=True),
-        market.market_oracle(tasks, params, best),
-        _placed(tasks, params),
-    ]
-    meta = _meta(args, scales, tasks, ticks, seed, run)
-    hazard = task_hazard_per_h(SimConfig.model_validate(config.sim.world))
-    meta["faults"] = {
-        "task_hazard_per_h": round(hazard, 6),
-        "rework": round(fault_rework([t.service_s for t in tasks], hazard), 4),
-    }
-    png = chart.draw(out / "simulate.png", outcomes, _title(args, meta))
-    meta["wall_s"] = {"total": round(time.perf_counter() - started, 2),
-                      "fleetgate": round(run.wall_s, 2)}  # fmt: skip
-    doc = report.build(outcomes, params, run=_run_doc(run), meta=meta)
-    report.write(out, doc)
-    print(report.render(doc))
-    print(f"report: {out / 'report.json'}, chart: {png or 'none (no matplotlib)'}, "
-          f"journal: fleetgate --state {out / 'state'} actions")  # fmt: skip
-    return 0
+    try:
+        lock = claim_report(out)
+    except (ReportInUse, OSError) as exc:
+        print(f"fleetgate simulate: {exc}", file=sys.stderr)
+        return 2
+    with lock:  # until the report is written: another run would delete the journal under it
+        seed = config.sim.seed if args.seed is None else args.seed
+        spec = RunSpec(tasks, ticks, out / "state", seed=seed, sample_ticks=sample_ticks,
+                       progress=sys.stderr.isatty(),
+                       answer_after_s=args.answer_after_s)  # fmt: skip
+        run = run_fleetgate(config, spec)
+        params = _params(args, config, run, horizon, sample_ticks * step)
+        world = Simulation(SimConfig.model_validate(
+            trace_config(config, spec.state / "trace.csv").sim.world), seed)  # fmt: skip
+        best = _market(world, params)  # before the world's own proportional scaler rents in it
+        outcomes = [
+            run.outcome,
+            baselines.static_peak(tasks, params),
+            baselines.proportional(tasks, params),
+            in_world.proportional_in_world(world, params, ticks),
+            baselines.oracle(tasks, params),
+            baselines.oracle(tasks, params, warm=True),
+            market.market_oracle(tasks, params, best),
+            _placed(tasks, params),
+        ]
+        meta = _meta(args, scales, tasks, ticks, seed, run)
+        hazard = task_hazard_per_h(SimConfig.model_validate(config.sim.world))
+        meta["faults"] = {
+            "task_hazard_per_h": round(hazard, 6),
+            "rework": round(fault_rework([t.service_s for t in tasks], hazard), 4),
+        }
+        png = chart.draw(out / "simulate.png", outcomes, _title(args, meta))
+        meta["wall_s"] = {"total": round(time.perf_counter() - started, 2),
+                          "fleetgate": round(run.wall_s, 2)}  # fmt: skip
+        doc = report.build(outcomes, params, run=_run_doc(run), meta=meta)
+        report.write(out, doc)
+        print(report.render(doc))
+        print(f"report: {out / 'report.json'}, chart: {png or 'none (no matplotlib)'}, "
+              f"journal: fleetgate --state {out / 'state'} actions")  # fmt: skip
+        return 0
 
 
 def _check(args: argparse.Namespace, config: Config) -> str:
