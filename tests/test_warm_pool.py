@@ -28,6 +28,7 @@ from controller.fleet.base import NotDone
 from controller.fleet.vast import VastProvider, VastSettings
 from controller.fleet.vast_client import VastClient
 from controller.sim import SimConfig, Simulation
+from controller.sim.vast_api import SimVastAPI
 from controller.store.journal import Journal
 from controller.tools.replay.run import fleet_states
 from tests.fakes.vast_server import Close, FakeVast, Lost
@@ -553,3 +554,71 @@ def test_a_parked_instance_someone_else_started_that_waits_for_its_host_is_let_g
     hist = History(instances=hist.instances, last_acted={"stop:instance:b": NOW + 10})
     hist, f = facts_at(hist, NOW + 60, inst("b", "loading"))
     assert "starting_for_s" not in f["b"]
+
+
+def test_a_start_vast_queued_for_its_hosts_gpus_is_asked_not_failed(
+    fake: FakeVast, tmp_path: Path
+) -> None:
+    """Someone rented the parked instance's GPUs: vast answers the start with HTTP 200,
+    success false and "Required resources are currently unavailable, state change queued."
+    and starts it once they are free. Read as a refusal, the start was journaled failed: no
+    `starting_for_s`, so the warm pool's rule that lets a start go after 10 minutes never
+    matched, the start was sent again every tick and each tick's `scale_to` counted it as the
+    capacity it rented nothing for, for the 6 h the instance stayed parked."""
+    iid = fake.add_instance(status="stopped", label="fg-x")
+    fake.taken_hosts.add(iid)
+    journal = Journal(tmp_path / "j.db")
+    d = act("start", instance=str(iid))
+    row = journal.actions.record(
+        tick_id=1, now=NOW + 10, action="start", target=d.proposal.target,
+        params=d.effective_params, proposer="rule:warm", reason="r", confidence=0.9,
+        verdict="act", why="w", status="intent",
+    )  # fmt: skip
+    settings = VastSettings(base_url=fake.url, api_key="vast-test-key-warm", image="img:1",
+                            timeout_s=2.0)  # fmt: skip
+    with requests.Session() as session:
+        provider = VastProvider(VastClient(settings, session, sleep=lambda s: None), settings)
+        outcome = Actuator(provider, journal, Guards()).execute(
+            Job(d, row, 1, History(), NOW + 10, {})
+        )
+        shown = fake.instances[iid]
+        assert (shown["actual_status"], shown["intended_status"]) == ("stopped", "running")
+        fake.taken_hosts.clear()  # the GPUs are free again: vast starts it
+        fake.set_status(iid, None)
+        assert provider.list_instances()[0].status == "running"
+    assert outcome.status == "ok"
+    acted = journal.fleet.history(NOW + 20).last_acted
+    journal.close()
+    assert acted[f"start:instance:{iid}"] == NOW + 10  # asked: starting_for_s counts from it
+    replies = [q for q in fake.requests if q.endpoint == "update"]
+    assert [q.body for q in replies] == [{"state": "running"}]  # sent once, not retried
+
+
+def test_a_start_the_simulated_vast_queues_is_answered_as_vast_does(tmp_path: Path) -> None:
+    """The simulator's start that waits for its host's GPUs answers as vast's does (success
+    false, "state change queued"), and the fleet path takes it as asked."""
+    from sim_support import sim_fleet
+
+    s = sim(start_wait_per_h=1000.0, start_wait_s=(1800.0, 1800.0))
+    iid = booted(s)
+    journal = Journal(tmp_path / "j.db")
+    fleet, _, _ = sim_fleet(s, journal)
+    fleet.stop(iid)
+    s.advance(600)
+    fleet.start(iid)  # does not raise: vast took the start
+    inst = s.world.get(iid)
+    assert (inst.status, inst.start_at) == ("stopped", s.now() + 1800.0)
+    api = SimVastAPI(s, "k")
+    with requests.Session() as session:
+        api.mount(session, "http://vast.test")
+        again = session.put(
+            f"http://vast.test/api/v0/instances/{iid}/",
+            json={"state": "running"},
+            headers={"Authorization": "Bearer k"},
+        )
+    assert again.status_code == 200
+    assert again.json() == {
+        "success": False,
+        "msg": "Required resources are currently unavailable, state change queued.",
+    }
+    journal.close()

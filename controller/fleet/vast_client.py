@@ -49,6 +49,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PAGE_LIMIT = 25  # vast's maximum page size for the v1 instance list
+# vast's answer to a start whose host's GPUs someone else rented while it was stopped:
+# {"success": false, "msg": "Required resources are currently unavailable, state change
+# queued."} (HTTP 200): the start is taken and waits for them ("scheduling")
+START_QUEUED = "state change queued"
 MAX_PAGES = 4000  # 100,000 instances: more means the cursor is going round in circles
 
 
@@ -210,18 +214,23 @@ class VastClient:
         _mutation_outcome(response, what, self._key)
 
     def set_state(self, instance_id: str, state: Literal["running", "stopped"]) -> None:
+        """Stop or start the instance. A start vast queued until its host's GPUs are free
+        (`START_QUEUED`) is done: vast starts it when they are, as it does from the console."""
         if state not in ("running", "stopped"):
             raise PermanentProviderError(f"state must be 'running' or 'stopped' (got {state!r})")
-        self._update(instance_id, {"state": state}, f"vast set state {state!r}")
+        queued = START_QUEUED if state == "running" else None
+        self._update(instance_id, {"state": state}, f"vast set state {state!r}", queued)
 
     def set_label(self, instance_id: str, label: str) -> None:
         self._update(instance_id, {"label": label}, f"vast set label {label!r}")
 
-    def _update(self, instance_id: str, body: dict[str, str], doing: str) -> None:
+    def _update(
+        self, instance_id: str, body: dict[str, str], doing: str, queued: str | None = None
+    ) -> None:
         iid = _instance_number(instance_id)
         what = f"{doing} on instance {instance_id!r}"
         response = self._http.mutate("other", "PUT", f"/api/v0/instances/{iid}/", what, body)
-        _mutation_outcome(response, what, self._key)
+        _mutation_outcome(response, what, self._key, queued)
 
 
 # ---- pure functions ----------------------------------------------------------------------
@@ -278,7 +287,11 @@ def _create_outcome(
     return str(contract)
 
 
-def _mutation_outcome(response: requests.Response, what: str, key: str) -> None:
+def _mutation_outcome(
+    response: requests.Response, what: str, key: str, queued: str | None = None
+) -> None:
+    """Nothing when vast did it; the error that says why not. A refusal whose words hold
+    `queued` (vast's own for a change it took and will make later) counts as done."""
     code = response.status_code
     if not 200 <= code < 300:
         raise http_error(response, what, key)
@@ -288,9 +301,11 @@ def _mutation_outcome(response: requests.Response, what: str, key: str) -> None:
         log.debug("%s: HTTP %d with a non-JSON body, taken as done", what, code)
         return
     if isinstance(data, dict) and data.get("success") is False:
-        raise PermanentProviderError(
-            f"{what}: vast refused{fields_text(error_fields(response, key))}"
-        )
+        said = error_fields(response, key)
+        if queued is not None and queued in said.lower():
+            log.info("%s: vast queued it (%s)", what, said)
+            return
+        raise PermanentProviderError(f"{what}: vast refused{fields_text(said)}")
 
 
 def _instance_number(instance_id: str) -> int:

@@ -13,6 +13,9 @@ provider run unchanged against the simulation (`calls` counts requests per endpo
     destroy   DELETE /api/v0/instances/{id}/          404 when vast does not know it
     reboot    PUT    /api/v0/instances/reboot/{id}/
     update    PUT    /api/v0/instances/{id}/          {"state": "running"|"stopped"} or {"label"}
+                                                      (a start that waits for its host's
+                                                      GPUs: success false, "state change
+                                                      queued", as vast answers it)
 
 Every call needs `Authorization: Bearer <api_key>` (else 401). The account's foreign instances,
 empty API labels and late creates live in `World.account`; wire faults (SimConfig

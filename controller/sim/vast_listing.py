@@ -25,6 +25,8 @@ from controller.sim.instance import SimInstance
 from controller.sim.world import World
 
 PAGE_MAX = 25  # vast's largest page
+# vast's answer to a start that waits for its host's GPUs (rented meanwhile): HTTP 200
+START_QUEUED = "Required resources are currently unavailable, state change queued."
 Reply = tuple[int, Any]  # status and a JSON-able body (see vast_api)
 Row = SimInstance | ForeignInstance
 _TOKEN = "fgsim1:"  # inside the base64 of a cursor: opaque to clients
@@ -164,7 +166,8 @@ class Listing:
         return 200, {"success": True}
 
     def update(self, instance_id: str, body: Any) -> Reply:
-        """`{"state": "running"|"stopped"}` or `{"label": text}`."""
+        """`{"state": "running"|"stopped"}` or `{"label": text}`. A start left waiting for the
+        host's GPUs ("scheduling") is answered as vast does: success false, `START_QUEUED`."""
         body = body if isinstance(body, dict) else {}
         state, label = body.get("state"), body.get("label")
         foreign = self._world.account.foreign.get(instance_id)
@@ -173,6 +176,9 @@ class Listing:
                 foreign.status = state
             else:
                 self._world.set_state(instance_id, state, self._now)
+                waiting = self._world.get(instance_id).start_at is not None
+                if state == "running" and waiting:
+                    return 200, {"success": False, "msg": START_QUEUED}
         elif isinstance(label, str):
             if foreign is not None:
                 foreign.label = label

@@ -32,6 +32,9 @@ Instances' public address is loopback (a health check must never leave this mach
 `late_creates = n` hides each new instance from the listing (and show, unless
 `late_shows = False`) for the next n listing calls (a listing call is a first-page request).
 `vanish(offer_id)` keeps an offer in search results but answers its create with 404 no_such_ask.
+`taken_hosts` holds instances whose host's GPUs someone else rented while they were stopped: a
+start answers as vast does then (HTTP 200, success false, "state change queued") and leaves the
+instance stopped with intended_status running until the test lets it run.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from fakes.base import QuietHandler, RecordingServer
 
 EPOCH = 1_700_000_000.0  # start_date of an instance created at virtual time 0
 _SEARCH_KEYS = ("order", "type", "limit", "allocated_storage", "disable_bundling")
+START_QUEUED_MSG = "Required resources are currently unavailable, state change queued."
 
 
 @dataclass(frozen=True)
@@ -154,6 +158,7 @@ class FakeVast:
         self.errors: list[BaseException] = []
         self.offers: dict[int, dict[str, Any]] = {o["id"]: dict(o) for o in offers or []}
         self._vanished: set[int] = set()
+        self.taken_hosts: set[int] = set()  # instances a start leaves waiting (see above)
         self._instances: dict[int, _Instance] = {}
         self._next_id = first_id
         self._faults: dict[str, deque[Fault]] = {}
@@ -309,8 +314,11 @@ class FakeVast:
         if inst is None:
             return 404, {"success": False, "error": "no_such_instance", "msg": "no instance"}
         if body.get("state") in ("running", "stopped"):
-            inst.status = None if body["state"] == "running" else "stopped"
             inst.fields["intended_status"] = body["state"]
+            taken = _path_id(req.path) in self.taken_hosts and inst.status == "stopped"
+            if body["state"] == "running" and taken:
+                return 200, {"success": False, "msg": START_QUEUED_MSG}
+            inst.status = None if body["state"] == "running" else "stopped"
         elif isinstance(body.get("label"), str):
             inst.fields["label"] = body["label"]
         else:
