@@ -178,7 +178,7 @@ def test_vast_fields_map_onto_instance(fake: FakeVast, rig: MakeRig) -> None:
         id=str(iid), label="fg-7-3-0-abc", machine_id="4242", host_id=str(4242 + 100000),
         status="exited", stage="registered", daemon="unknown", sidecar="unknown",
         gpu_name="RTX 5090", num_gpus=2, dph=0.613, status_msg="scripted: exited",
-        start_date=1_700_000_000.0 + iid,
+        start_date=1_700_000_000.0 + iid, intended_status="running",
     )  # fmt: skip
 
 

@@ -10,6 +10,7 @@ is the capacity that tick rents no new instance for.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from controller.fleet.actuator import Actuator, Job
 from controller.fleet.base import NotDone
 from controller.fleet.vast import VastProvider, VastSettings
 from controller.fleet.vast_client import VastClient
+from controller.fleet.vast_instances import to_instance
 from controller.sim import SimConfig, Simulation
 from controller.sim.vast_api import SimVastAPI
 from controller.store.journal import Journal
@@ -549,6 +551,15 @@ def test_a_parked_instance_someone_else_started_that_waits_for_its_host_is_let_g
     assert f["a"]["parked"] and f["a"]["starting_for_s"] == 600.0
     [d] = check(act("start", instance="a"), facts=list(f.values()))
     assert d.verdict != "act"  # no second start: it is starting already
+    # as vast lists it: stopped, with intended_status running (its start waits for the GPUs)
+    hist, _ = facts_at(History(), NOW, inst("c", "running"))
+    hist = History(instances=hist.instances, last_acted={"stop:instance:c": NOW + 10})
+    hist, f = facts_at(hist, NOW + 60, inst("c", "stopped"))
+    waiting = dataclasses.replace(inst("c", "stopped"), intended_status="running")
+    hist, f = facts_at(hist, NOW + 120, waiting)
+    assert f["c"]["starting_for_s"] == 0.0 and f["fleet"]["parked"] == 0
+    _, f = facts_at(hist, NOW + 720, waiting)
+    assert f["c"]["parked"] and f["c"]["starting_for_s"] == 600.0
     # a stop of its own that never took (still running) is not read as someone's start
     hist, _ = facts_at(History(), NOW, inst("b", "running"))
     hist = History(instances=hist.instances, last_acted={"stop:instance:b": NOW + 10})
@@ -622,3 +633,9 @@ def test_a_start_the_simulated_vast_queues_is_answered_as_vast_does(tmp_path: Pa
         "msg": "Required resources are currently unavailable, state change queued.",
     }
     journal.close()
+
+
+def test_the_listing_carries_vasts_intended_status() -> None:
+    raw = {"id": 7, "actual_status": "stopped", "intended_status": "running", "dph_total": 0.02}
+    assert to_instance(raw).intended_status == "running"
+    assert to_instance({"id": 8, "actual_status": "running"}).intended_status == ""

@@ -35,6 +35,7 @@ class Instance:
     daemon_uptime_s: float | None = None  # from cuzk /status; going backwards = restart
     status_msg: str = ""
     start_date: float | None = None
+    intended_status: str = ""  # vast's: "running" on a stopped one whose start waits
     command_overdue_s: float = 0.0
     """How long past its deadline a command queued for the instance's agent (a daemon restart)
     has waited with no heartbeat picking it up; 0 when none has."""

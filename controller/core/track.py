@@ -357,7 +357,8 @@ def _parked(old: Track | None, inst: Instance, hist: History, now: float
     lost; one still running `STOP_TAKES_S` after the stop was never stopped (the controller
     died before calling vast, or the call did nothing): either leaves the pool, and that stop
     (`left stop`) parks it no more. One seen stopped that then loads or waits for its host
-    (`scheduling`) without a start of fleetgate's counts as asked from then, so the warm
+    (vast lists it stopped with `intended_status` running; `scheduling`) without a start of
+    fleetgate's counts as asked from then, so the warm
     pool's rules destroy it if it waits too long, as they do one fleetgate started."""
     since = asked = left = None
     if old is not None:
@@ -374,7 +375,9 @@ def _parked(old: Track | None, inst: Instance, hist: History, now: float
         since, asked = stop_at, None
     if since is not None and start_at is not None and start_at >= since:
         asked = start_at if asked is None else max(asked, start_at)
-    if (since is not None and asked is None and inst.status in STARTING and old is not None
+    starting = inst.status in STARTING or (
+        inst.status == "stopped" and inst.intended_status == "running")  # fmt: skip
+    if (since is not None and asked is None and starting and old is not None
             and old.status == "stopped" and old.status_since >= since):  # fmt: skip
         asked = now  # started by someone else (a person, a start whose answer was lost)
     if since is None or inst.status != "running":

@@ -52,6 +52,7 @@ def to_instance(raw: Mapping[str, Any], unpriced_dph: float = 0.0) -> Instance:
         dph=dph,
         status_msg=_text(raw, "status_msg").strip(),
         start_date=number(start),
+        intended_status=_text(raw, "intended_status"),
     )
 
 
