@@ -4,6 +4,8 @@
    or late launches, replacement states, expired escalations), the tracks and events, and one
    row per decision worth recording (an `act` as an intent, before anything is called);
 2. act: each `act` decision through the actuator, which writes its result under its intent;
+   one the pause switch now holds (`fleetgate pause` given while the tick ran) is vetoed by
+   `paused` instead, as the guards would have, and not carried out;
 3. escalations answered by a decision are marked with what became of the answer; a carried-out
    `notify`, and a person's approved answer the guards vetoed, trimmed or found nothing to do
    for, queue a notice for people in the escalation outbox (escalation.notify).
@@ -14,9 +16,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from controller.core.actions import descriptor
 from controller.core.brief import brief
 from controller.core.decide import Doubt
 from controller.core.model import Decision
@@ -103,6 +106,10 @@ def act(journal: Journal, actuator: Actuator, planned: Planned, tick_id: int,
     noticed: list[int] = []
     for d, action_id in rows:
         told = False
+        if d.verdict == "act" and _paused_since(journal, d):
+            d = _veto_paused(journal, d, action_id, tick_id)
+            counts["act"] -= 1
+            counts["veto"] = counts.get("veto", 0) + 1
         if d.verdict == "act":
             if check is not None:
                 check()
@@ -130,6 +137,27 @@ def act(journal: Journal, actuator: Actuator, planned: Planned, tick_id: int,
             noticed += [queued] if queued is not None else []
     expired = tuple(int(b.args["esc_id"]) for b in planned.books if b.op == "expire")
     return Applied(counts, tuple(refused), expired, tuple(closed), tuple(noticed))
+
+
+PAUSED_WHY = "the controller was paused after this tick decided: not carried out"
+
+
+def _paused_since(journal: Journal, d: Decision) -> bool:
+    """Whether `fleetgate pause` was given since the tick read the switch (an action that
+    runs while paused runs all the same): asked before each action, so that once the command
+    has returned, the tick in progress starts nothing more."""
+    if descriptor(d.effective_action).pause_exempt:
+        return False
+    return bool(journal.meta.get("paused", False))
+
+
+def _veto_paused(journal: Journal, d: Decision, action_id: int, tick_id: int) -> Decision:
+    """The decision as the pause guard would have made it; its intent row vetoed likewise."""
+    journal.actions.veto_intent(action_id, "paused", PAUSED_WHY)
+    log.warning("action #%d %s %s: %s", action_id, d.effective_action,
+                brief(d.effective_params), PAUSED_WHY,
+                extra=log_fields(d, tick_id, action_id, "vetoed"))  # fmt: skip
+    return replace(d, verdict="veto", guard="paused", why=PAUSED_WHY)
 
 
 _STATUS = {"act": "intent", "veto": "vetoed", "ask": "asked", "observe": "observed"}

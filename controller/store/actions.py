@@ -136,6 +136,18 @@ CREATE TABLE IF NOT EXISTS replacements (
                 (status, dumps(result), now, action_id),
             )
 
+    def veto_intent(self, action_id: int, guard: str, why: str) -> bool:
+        """An intent that will not be carried out after all (the pause switch was set after
+        its tick decided): the row is vetoed by `guard`, as if the guards had refused it; False
+        if it is no longer an intent."""
+        with self.tx() as db:
+            cur = db.execute(
+                "UPDATE actions SET verdict = 'veto', status = 'vetoed', guard = ?, why = ? "
+                "WHERE id = ? AND status = 'intent'",
+                (guard, why, action_id),
+            )
+            return cur.rowcount == 1
+
     def close_interrupted(self, now: float, listed: set[str] | None = None) -> list[Row]:
         """Intents left by a run that stopped between intent and result (not single launches:
         those are reconciled by their label), closed and returned. With the provider's listing
