@@ -73,6 +73,17 @@ def test_the_wheel_carries_rules_templates_examples_and_the_agent(wheel: Path) -
     assert "controller/fleet/agent/fleetgate_agent.py" in names
 
 
+def test_the_wheel_carries_every_data_file_of_its_packages(wheel: Path) -> None:
+    """Each file beside the modules (SQL, templates, YAML, traces) is installed with them: a
+    package-data glob left naming a folder that moved shipped the code without its file."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for package in ("controller", "escalation"):
+        for f in (ROOT / package).rglob("*"):
+            if f.is_file() and f.suffix not in (".py", ".pyc") and "__pycache__" not in f.parts:
+                assert f.relative_to(ROOT).as_posix() in names, f
+    assert "controller/fleet/curio_schema.sql" in names  # create_schema reads it
+
+
 def test_matplotlib_is_an_extra(wheel: Path) -> None:
     meta = next(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith("/METADATA"))
     requires = [

@@ -4,11 +4,11 @@
 -- create more tables and columns. For tests and local development only: fleetgate never
 -- creates or migrates Curio's tables in a real database.
 --
--- Names are unqualified on purpose: the loader (controller.sensors.curio.create_schema) runs
+-- Names are unqualified on purpose: the loader (controller.fleet.curio.create_schema) runs
 -- this file after `SET LOCAL search_path TO <schema>`, so one file serves any schema name and
 -- no name is ever pasted into SQL text. By hand:
 --   psql -h 127.0.0.1 -U postgres test -c 'CREATE SCHEMA curio' \
---        -c 'SET search_path TO curio' -f controller/sensors/curio_schema.sql
+--        -c 'SET search_path TO curio' -f controller/fleet/curio_schema.sql
 -- (psql sends each -c/-f in the same session, so search_path holds for the file.)
 
 CREATE TABLE harmony_machines (
