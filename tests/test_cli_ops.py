@@ -465,6 +465,47 @@ def test_the_cron_example_names_commands_that_exist() -> None:
         assert out.returncode == 0, out.stderr
 
 
+def test_the_cron_lines_run_as_printed_with_secrets_from_the_env_file(tmp_path: Path) -> None:
+    """Each line of deploy/fleetgate-tick.cron through /bin/sh as cron runs it (its variables,
+    a bare PATH), the install's paths moved under tmp_path, on a config that names a secret
+    as {env: NAME}: the tick prints nothing, and the daily prune reads the secret too."""
+    exe = Path(sys.executable).with_name("fleetgate")
+    places = {"/etc/fleetgate": tmp_path / "etc", "/var/lib/fleetgate": tmp_path / "var",
+              "/opt/fleetgate/bin/fleetgate": exe}  # fmt: skip
+    text = (ROOT / "deploy" / "fleetgate-tick.cron").read_text()
+    for path, place in places.items():
+        text = text.replace(path, str(place))
+    for d in ("etc", "var"):
+        (tmp_path / d).mkdir()
+    (tmp_path / "etc" / "config.yaml").write_text(
+        "provider: sim\ndemand: sim\nescalation:\n  channels:\n    - console\n"
+        "    - {type: slack, webhook_url: {env: FLEETGATE_TEST_SLACK_URL}}\n"
+    )
+    (tmp_path / "etc" / "env").write_text("FLEETGATE_TEST_SLACK_URL=http://127.0.0.1:9/hook\n")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    jobs = []
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        if "=" in line.split()[0]:
+            name, value = line.split("=", 1)
+            env[name] = value
+            continue
+        fields = line.split(None, 6)  # minute hour day month weekday user command
+        assert fields[5] == "fleetgate", line
+        jobs.append(fields[6])
+    assert [job.rsplit(None, 1)[-1] for job in jobs] == ["tick", "prune"]
+    for job in jobs:
+        out = subprocess.run([env["SHELL"], "-c", job], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert out.returncode == 0, f"{job}\n{out.stdout}{out.stderr}"
+        if job.endswith(" tick"):
+            assert out.stdout == out.stderr == ""  # a routine tick: cron mails nothing
+            assert (tmp_path / "var" / "journal.db").is_file()
+        else:
+            assert "older than 90 days before the last tick" in out.stdout, out.stdout
+
+
 def _readme_command(marker: str) -> list[str]:
     text = (ROOT / "README.md").read_text()
     start = text.index(marker)
