@@ -237,3 +237,18 @@ def test_in_a_fresh_venv_init_check_and_run_work_outside_the_repository(
     assert "stopped after 5 tick(s) (0 failed)" in ran["run"].stderr
     assert (ops / "starter" / "state" / "journal.db").is_file()
     assert sorted(p.name for p in ops.iterdir()) == ["starter"]  # nothing else written here
+
+
+def test_in_a_fresh_venv_the_config_reference_prints_and_writes_into_no_install(
+    venv: Path, tmp_path: Path
+) -> None:
+    """The README's `python -m controller.tools.config_reference`, run from an install: there is
+    no docs/ to rewrite, so it prints the reference (it wrote site-packages/docs/config.md)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    command = [str(venv / "bin" / "python"), "-m", "controller.tools.config_reference"]
+    out = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "| `interval_s` |" in out.stdout and "wrote" not in out.stdout
+    (site,) = (venv / "lib").glob("python3*/site-packages")
+    assert not (site / "docs").exists() and list(tmp_path.iterdir()) == []

@@ -76,7 +76,8 @@ def _yaml_path(path: Path) -> str:
 # Every key is in docs/config.md (generated from controller/service/config.py).
 _CONFIG = """\
 # fleetgate's config, written by `fleetgate init`. Every key, its type, default and meaning:
-# docs/config.md. Unknown keys and bad values are errors at their line:
+# docs/config.md (an installed copy prints it: python -m controller.tools.config_reference).
+# Unknown keys and bad values are errors at their line:
 #   fleetgate --config THIS_FILE check
 #
 # The journal (SQLite) and the escalations file live in the state directory; the rules are the

@@ -6,6 +6,9 @@ section models it names). `tests/test_config_reference.py` fails when the file i
     python -m controller.tools.config_reference --check    # exit 1 if it is stale
     python -m controller.tools.config_reference --stdout   # print it
 
+An installed copy has no docs/ to rewrite: outside a source tree (no pyproject.toml beside
+docs/) it prints the reference unless --output names a file.
+
 A key's meaning is its field's `description`, else the comment on the field's own lines in its
 model's source, else `MEANINGS` below (for models whose fields carry neither); a key with none
 of them is an error, so a new setting cannot go undocumented.
@@ -38,7 +41,8 @@ from controller.service.config import Config, SimSection
 from controller.sim.agents import AgentSettings
 from controller.sim.config import SimConfig
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
+TREE = Path(__file__).resolve().parents[2]
+DOC = TREE / "docs" / "config.md"
 
 # Mappings validated against a model of their own (their validators in config.py).
 VALIDATED_AS: dict[tuple[type[BaseModel], str], type[BaseModel]] = {
@@ -317,9 +321,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--check", action="store_true", help="exit 1 if docs/config.md is stale")
     p.add_argument("--stdout", action="store_true", help="print it instead of writing it")
-    p.add_argument("--output", type=Path, default=DOC, help=f"default: {DOC}")
+    p.add_argument("--output", type=Path,
+                   help=f"default: {DOC} in a source tree (installed: printed)")  # fmt: skip
     args = p.parse_args(argv)
     text = render()
+    if args.output is None:
+        if not (TREE / "pyproject.toml").is_file():  # installed: site-packages is no place
+            args.stdout = not args.check
+        args.output = DOC
     if args.stdout:
         sys.stdout.write(text)
         return 0
