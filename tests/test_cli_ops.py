@@ -147,12 +147,37 @@ def test_pause_and_resume_work_with_broken_rules_or_an_unset_secret(
 
 
 @pytest.mark.parametrize(
+    ("answer", "done"),
+    [(["approve", "1", "--action", "hold"], "approved"), (["deny", "1"], "denied")],
+)
+def test_answers_work_with_a_secret_only_run_uses_unset(
+    journal_dir: Path, tmp_path: Path, answer: list[str], done: str
+) -> None:
+    """The unit's commands run as its user, without the root-only environment file: an answer is
+    journaled for the running controller (it sends nothing), so the unset secret is a warning."""
+    state = tmp_path / "copy"
+    shutil.copytree(journal_dir, state)
+    slack = f"{{type: slack, webhook_url: {{env: {UNSET}}}}}"
+    cfg = config(tmp_path, f"escalation:\n  channels:\n    - console\n    - {slack}\n")
+    out = ok(fg("--config", str(cfg), "--state", str(state), "escalations", *answer, "--by", "ops"))
+    assert out.stdout.startswith(f"escalation #1 {done} by ops")
+    warnings = [line for line in out.stderr.splitlines() if line.startswith("fleetgate: warning")]
+    assert len(warnings) == 1 and f"environment variable {UNSET} is not set" in warnings[0]
+    row = sqlite3.connect(state / "journal.db").execute(
+        "SELECT status, answered_by FROM escalations WHERE id = 1"
+    )
+    assert row.fetchone() == (done, "ops")
+
+
+@pytest.mark.parametrize(
     "command",
     [
         ["status"],
         ["actions"],
         ["escalations", "list"],
         ["escalations", "show", "1"],
+        ["escalations", "approve", "1"],
+        ["escalations", "deny", "1"],
         ["pause"],
         ["resume"],
     ],
@@ -167,7 +192,9 @@ def test_journal_commands_never_create_a_journal(tmp_path: Path, command: list[s
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("command", [["status"], ["escalations", "list"], ["pause"]])
+@pytest.mark.parametrize(
+    "command", [["status"], ["escalations", "list"], ["pause"], ["escalations", "deny", "1"]]
+)
 def test_journal_commands_never_create_a_postgresql_journal(
     tmp_path: Path, command: list[str]
 ) -> None:

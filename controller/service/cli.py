@@ -22,7 +22,8 @@ fleetgate [--config FILE] [--state DIR] [--log-level L] [--log-format F] COMMAND
 
 status, actions, escalations list|show, pause and resume read the journal alone: they work
 while the rules are broken or a secret is unset (and say so on stderr), and never create a
-journal (`no journal at PATH`, exit 1).
+journal (`no journal at PATH`, exit 1). escalations approve|deny create none either, and take
+an unset secret as a warning (the running controller acts on the answer).
 """
 
 from __future__ import annotations
@@ -394,7 +395,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _init(args)
     if offline.wants_offline(args.command, getattr(args, "esc_command", None)):
         return _offline(args)
-    config = load_config(args.config)
+    if args.command == "escalations":  # approve | deny
+        config = offline.answering_config(args.config, args.state)
+    else:
+        config = load_config(args.config)
     state = state_dir(config, args.state)
     if args.command == "check":
         return commands.check(args, config)

@@ -115,19 +115,8 @@ def rules_problem(config: Config) -> str | None:
 def opened(config_path: str | None, state_arg: str | None, *, write: bool) -> Iterator[Offline]:
     """Steps 1 to 3; the journal is closed on leaving."""
     config, problems = lenient_config(config_path)
-    if config.journal is not None and config.journal.dsn.get_secret_value() == PLACEHOLDER:
-        raise ConfigError(f"{problems[0]} (the journal's DSN: nothing to read)")
     state = state_dir(config, state_arg)
-    if config.journal is None and not (state / "journal.db").is_file():
-        raise NoJournal(f"no journal at {state / 'journal.db'} (see --state, --config)")
-    if config.journal is not None:
-        from controller.store.backend import PostgresStore
-
-        pg = config.journal
-        dsn = pg.dsn.get_secret_value()
-        if not PostgresStore.holds_journal(dsn, pg.schema_name, pg.connect_timeout_s):
-            where = PostgresStore.where_of(dsn, pg.schema_name)
-            raise NoJournal(f"no journal in {where} (see --config)")
+    _existing_journal(config, state, problems)
     from controller.service.assemble import open_journal
 
     journal = open_journal(config, state, read_only=not write)
@@ -138,6 +127,34 @@ def opened(config_path: str | None, state_arg: str | None, *, write: bool) -> It
         yield Offline(config, state, journal, problems + ([rules] if rules else []))
     finally:
         journal.close()
+
+
+def answering_config(config_path: str | None, state_arg: str | None) -> Config:
+    """`escalations approve|deny`: the config as far as its secrets resolve, over a journal that
+    exists. An answer is journaled for the running controller to act on; it sends nothing and
+    calls no provider, so a secret only `run` uses (kept from the person at the terminal, say,
+    in the service's environment file) is named on stderr, not fatal."""
+    config, problems = lenient_config(config_path)
+    _existing_journal(config, state_dir(config, state_arg), problems)
+    for line in problems:
+        print(f"fleetgate: warning: {line}; `run` and `tick` refuse to start", file=sys.stderr)
+    return config
+
+
+def _existing_journal(config: Config, state: Path, problems: list[str]) -> None:
+    """NoJournal unless the journal the config and state name exists (never creates one)."""
+    if config.journal is not None and config.journal.dsn.get_secret_value() == PLACEHOLDER:
+        raise ConfigError(f"{problems[0]} (the journal's DSN: nothing to read)")
+    if config.journal is None and not (state / "journal.db").is_file():
+        raise NoJournal(f"no journal at {state / 'journal.db'} (see --state, --config)")
+    if config.journal is not None:
+        from controller.store.backend import PostgresStore
+
+        pg = config.journal
+        dsn = pg.dsn.get_secret_value()
+        if not PostgresStore.holds_journal(dsn, pg.schema_name, pg.connect_timeout_s):
+            where = PostgresStore.where_of(dsn, pg.schema_name)
+            raise NoJournal(f"no journal in {where} (see --config)")
 
 
 def status_doc(off: Offline) -> dict[str, Any]:
