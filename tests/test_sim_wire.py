@@ -163,3 +163,35 @@ def test_a_create_confirmed_late_is_owned_by_its_id_even_when_vast_shows_no_labe
         assert (launched(), launched.open_labels()) == ({"77": "fg-late"}, set())
     finally:
         j.close()
+
+
+def test_a_controller_that_stood_by_goes_on_from_the_world_the_leader_saved(
+    tmp_path: Path,
+) -> None:
+    """Two controllers on one journal (high availability on the simulator): the one that takes
+    over ticks the leader's world on. It ticked the world it had read when it started: the
+    virtual clock went back, the leader's instances were gone, and their vast ids were rented
+    again for other labels."""
+    leader, standby = sim_app(tmp_path), sim_app(tmp_path)
+    try:
+        for _ in range(15):
+            leader.controller.tick()
+        assert leader.sim is not None and standby.sim is not None
+        ahead = leader.sim.now()
+        theirs = {i.id for i in leader.sim.world.live_instances()}
+        assert theirs, "the leader launched nothing to take over"
+        standby.controller.tick()
+        assert standby.sim.now() == ahead + standby.config.sim.seconds_per_tick
+        assert theirs <= {i.id for i in standby.sim.world.live_instances()}
+        launched = [
+            i
+            for a in standby.journal.actions.recent(1000, executed_only=True)
+            if a["action"] == "launch" and isinstance(a["result"], dict)
+            for i in a["result"].get("launched") or []
+        ]
+        assert launched and len(launched) == len(set(launched))  # no vast id rented twice
+        leader.controller.tick()  # and back: the first leader goes on from the other's world
+        assert leader.sim.now() == ahead + 2 * leader.config.sim.seconds_per_tick
+    finally:
+        leader.close()
+        standby.close()

@@ -172,16 +172,31 @@ def _sim(p: Parts) -> App:
     wire = SimWire(sim, agent_settings, (journal.meta.get(AGENTS_KEY) or {}).get("agents"))
     settings = sim_settings(c.sim.world)
     fleet, curio, store, actions = real_fleet(settings, journal, sim.now, wire.seams)
-    wire.attach(InstanceService(store, sim.now))
+    service = InstanceService(store, sim.now)
+    wire.attach(service)
     step = c.sim.seconds_per_tick
 
     def save() -> None:
         journal.meta.put(SIM_KEY, sim.to_json())
         journal.meta.put(AGENTS_KEY, wire.state())
 
+    def before_tick() -> None:
+        # Another controller on this journal ticked the world on since it was read here (this
+        # one stood by, or was cut off): go on from the world it saved, not from ours.
+        last = journal.meta.ticks(1)  # by id: MAX(started_at) reads every tick's row
+        saved = journal.meta.get(SIM_KEY) if last and last[0]["started_at"] > sim.now() else None
+        if saved is not None and float(saved.get("now", 0.0)) > sim.now():
+            behind = sim.now()
+            sim.continue_from(saved)
+            wire.agent_state = (journal.meta.get(AGENTS_KEY) or {}).get("agents")
+            wire.attach(service)
+            log.info("sim: went on from the world saved in the journal (%.0f s ahead of this "
+                     "controller's)", sim.now() - behind)  # fmt: skip
+        wire.before_tick(step)
+
     controller = Controller(
         journal=journal, provider=fleet, demand=curio, rules=p.rules, settings=p.settings,
-        escalator=p.escalator, clock=sim.now, before_tick=lambda: wire.before_tick(step),
+        escalator=p.escalator, clock=sim.now, before_tick=before_tick,
         after_tick=save, actions=actions, on_gone=on_gone(fleet, actions),
         debounce=settings.debounce,
     )  # fmt: skip

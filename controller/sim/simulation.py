@@ -76,6 +76,15 @@ class Simulation:
             "world": self._world.to_json(),
         }
 
+    def continue_from(self, data: Mapping[str, Any]) -> None:
+        """Take on the state `data` describes (as `from_json` reads it), in place: what was
+        built over this simulation and its world (the vast API, Curio's rows, the probes, the
+        agents) goes on over the new state."""
+        new = Simulation.from_json(data)
+        self._world.__dict__.update(new._world.__dict__)  # the same object, the new state
+        self._config, self._seed, self._clock, self._rng = (new._config, new._seed,
+                                                            new._clock, new._rng)  # fmt: skip
+
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Simulation:
         """A simulation in the state `to_json()` described; ValueError if it is not one."""
