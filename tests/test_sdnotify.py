@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -207,3 +208,37 @@ def test_the_shipped_unit_is_type_notify_with_a_watchdog(tmp_path: Path) -> None
     local.write_text(unit.read_text().replace("/opt/fleetgate/bin/fleetgate", exe))
     out = subprocess.run([verify, "verify", str(local)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and str(local) not in out.stderr, out.stderr
+
+
+class _Recorder(Notifier):
+    """Notes which handlers SIGHUP and SIGTERM had when READY=1 went out."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.handlers: dict[str, Any] = {}
+
+    def ready(self, status: str) -> bool:
+        if not self.handlers:
+            self.handlers = {"HUP": signal.getsignal(signal.SIGHUP),
+                             "TERM": signal.getsignal(signal.SIGTERM)}  # fmt: skip
+        self.ready_sent = True
+        return True
+
+
+@pytest.mark.parametrize("leased", [True, False])
+def test_signals_are_handled_before_ready_is_sent(tmp_path: Path, leased: bool) -> None:
+    """systemd runs a `systemctl reload` queued behind the start as soon as READY=1 comes: a
+    SIGHUP before the handler ended the process, which Restart=on-failure leaves dead."""
+    from controller.service.schedule import Runner
+
+    journal = Journal(tmp_path / "journal.db")
+    try:
+        lease = Lease(journal, "here:1", ttl_s=Config().lease.ttl_s) if leased else None
+        notify = _Recorder()
+        runner = Runner(lambda: None, 0.01, max_ticks=1, lease=lease, notify=notify)
+        before = signal.getsignal(signal.SIGHUP)
+        assert runner.run() == 1
+        assert notify.handlers == {"HUP": runner._on_hup, "TERM": runner._on_signal}
+        assert signal.getsignal(signal.SIGHUP) == before  # given back after
+    finally:
+        journal.close()

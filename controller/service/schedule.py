@@ -174,18 +174,25 @@ class Runner:
         )
         trigger = self._trigger
         keeper = None
-        if self.lease is not None:
-            self._renew()  # lead (or not) before the first tick; READY=1 either way
-            keeper = threading.Thread(target=self._lease_loop, name="lease", daemon=True)
-        else:
-            self.notify.ready("leading (no lease)")
-        scheduler.add_job(self._job, trigger, id="tick", next_run_time=datetime.now(UTC))
-        self._scheduler = scheduler
+        # before READY=1: systemd runs a `reload` queued behind the start once it is ready, and
+        # a SIGHUP that came before the handler ended the process (a clean exit to systemd,
+        # which Restart=on-failure does not restart)
         previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
             signal.signal(signal.SIGHUP, self._on_hup)
+        try:
+            if self.lease is not None:
+                self._renew()  # lead (or not) before the first tick; READY=1 either way
+                keeper = threading.Thread(target=self._lease_loop, name="lease", daemon=True)
+            else:
+                self.notify.ready("leading (no lease)")
+        except BaseException:
+            self._restore(previous)
+            raise
+        scheduler.add_job(self._job, trigger, id="tick", next_run_time=datetime.now(UTC))
+        self._scheduler = scheduler
         if self.outbox is not None:
             self.outbox.start()
         scheduler.start()
@@ -205,7 +212,11 @@ class Runner:
                     self.lease.release()
                 except JournalError as exc:
                     log.error("could not release the lease: %s", exc)
-            if threading.current_thread() is threading.main_thread():
-                for s, handler in previous.items():
-                    signal.signal(s, handler)
+            self._restore(previous)
         return self.done
+
+    @staticmethod
+    def _restore(previous: dict[signal.Signals, Any]) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for s, handler in previous.items():
+                signal.signal(s, handler)
