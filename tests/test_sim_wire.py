@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
+
+import pytest
+from support import peer
 
 from controller.fleet.curio import CurioDemand
 from controller.fleet.observe import RealFleet
@@ -18,6 +22,8 @@ from controller.service.app import App, status
 from controller.service.assemble import assemble
 from controller.service.config import Config
 from controller.service.fleet_path import Launched
+from controller.store.backend import StaleLeader
+from controller.store.lease import Lease
 from controller.store.records import LifecycleStore
 
 WORLD = {"boot_s": [30, 30], "pull_s": [30, 30], "register_s": [20, 20],
@@ -195,3 +201,52 @@ def test_a_controller_that_stood_by_goes_on_from_the_world_the_leader_saved(
     finally:
         leader.close()
         standby.close()
+
+
+def test_a_leader_that_loses_the_lease_after_writing_its_intents_carries_none_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tick's intents are written (fenced) in one transaction, then carried out one by
+    one: a leader paused between the two (SIGSTOP, a VM stall) past its lease, woken after
+    another took over, called the provider for them anyway (only a launch's own row was
+    fenced, so a restart, a drain or a destroy went out under a lost term)."""
+    import sqlite3
+
+    from controller.service import apply
+    from escalation import approvals
+
+    app = sim_app(tmp_path)
+    try:
+        lease = Lease(app.journal, "a", ttl_s=30)
+        assert lease.renew()
+        for _ in range(12):
+            app.controller.tick()
+        assert app.sim is not None
+        target = sorted(i.id for i in app.sim.world.live_instances())[0]
+        esc = app.journal.escalations.add_escalation(
+            fingerprint="fp", kind="unmatched", subject=f"instance:{target}", summary="odd",
+            now=app.sim.now(), deadline=app.sim.now() + 3600,
+            situation={"instance": {"id": target}}, default_action={"action": "hold", "params": {}},
+        )  # fmt: skip
+        approvals.approve(app.journal, esc, by="ops", now=app.sim.now(), action="restart_daemon",
+                          params={"instance": target})  # fmt: skip
+        written = apply.write
+
+        def then_taken_over(*args: Any, **kw: Any) -> Any:
+            out = written(*args, **kw)  # the intents, under a's lease
+            db = sqlite3.connect(tmp_path / "state" / "journal.db")
+            db.execute("UPDATE leases SET expires_at = 0")  # a stalls past its lease...
+            db.commit()
+            db.close()
+            other = peer(app.journal)
+            assert Lease(other, "b", ttl_s=30).renew()  # ...and b takes over
+            other.close()
+            return out
+
+        monkeypatch.setattr(apply, "write", then_taken_over)
+        with pytest.raises(StaleLeader, match="held by b"):
+            app.controller.tick()
+        [row] = app.journal.actions.actions_for_escalation(esc)
+        assert row["action"] == "restart_daemon" and row["status"] == "intent", row
+    finally:
+        app.close()

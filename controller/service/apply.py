@@ -97,7 +97,7 @@ def act(journal: Journal, actuator: Actuator, planned: Planned, tick_id: int,
         rows: list[tuple[Decision, int]],
         check: Callable[[], None] | None = None) -> Applied:  # fmt: skip
     """Steps 2 and 3; `check` runs before each action and raises to stop acting (the journal
-    is gone: what it raises ends the step)."""
+    is gone, the lease was lost: what it raises ends the step)."""
     counts: dict[str, int] = {}
     for d in planned.plan.decisions:
         counts[d.verdict] = counts.get(d.verdict, 0) + 1

@@ -159,7 +159,7 @@ class Controller:
                     self.on_gone(e.instance_id)
         try:
             done = apply.act(self.journal, self.actuator, planned, tick_id, rows,
-                             check=self._check_journal)  # fmt: skip
+                             check=self._check_acting)  # fmt: skip
         except JournalLost:
             return self._hold(planned, tick_id, self._lost_doubt())
         for esc_id in (*done.expired, *done.closed):
@@ -246,6 +246,13 @@ class Controller:
             return None
         last = self.journal.meta.last_now() if self.watch.fresh else None
         return self.watch.check(last)
+
+    def _check_acting(self) -> None:
+        """Before each action: the journal is the one opened (`JournalLost`), and the lease
+        its intent was written under is still this controller's (`StaleLeader`: a leader
+        paused between writing its intents and carrying them out acts on none of them)."""
+        self._check_journal()
+        self.journal.actions.check_fence()
 
     def _check_journal(self) -> None:
         """Raise `JournalLost` (and remember why) unless the journal is the one opened."""

@@ -110,6 +110,13 @@ CREATE TABLE IF NOT EXISTS replacements (
                   dumps({"instance": iid, "label": label})) for iid, label in rented],
             )  # fmt: skip
 
+    def check_fence(self) -> None:
+        """`StaleLeader` unless the lease this process acts under is still its own and
+        unexpired (by the store's clock); nothing to check while it holds none."""
+        if self.fence is not None:
+            with self.tx() as db:
+                self._check_fence(db)
+
     def _check_fence(self, db: Tx) -> int | None:
         fence = self.fence
         if fence is None:
