@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -23,8 +25,11 @@ from controller.service.assemble import assemble, lease
 from controller.service.config import Config, ConfigError, state_dir
 from controller.service.status import status_lines
 from controller.service.tick import Planned
+from controller.store.backend import JournalError
 from escalation import approvals
 from escalation.render import Renderer
+
+log = logging.getLogger(__name__)
 
 
 def ts(t: float | None) -> str:
@@ -257,9 +262,24 @@ def tick_once(app: App) -> int:
         print(f"fleetgate: {st.holder} leads (token {st.token}, {st.expires_in_s:.0f} s left): "
               "not ticking", file=sys.stderr)  # fmt: skip
         return 0
+    # renewed while the tick runs, as `run`'s lease thread does: a tick longer than the TTL
+    # (a slow listing, vast's backoff) had every action after it refused as a stale leader's
+    done = threading.Event()
+
+    def keep() -> None:
+        while not done.wait(app.config.lease.renew_s) and claim.leading:
+            try:
+                claim.renew()
+            except JournalError as exc:  # the tick's own writes meet the same trouble
+                log.error("lease %r: %s", claim.name, exc)
+
+    keeper = threading.Thread(target=keep, name="lease", daemon=True)
+    keeper.start()
     try:
         app.controller.tick()
     finally:
+        done.set()
+        keeper.join()
         claim.release()
     app.outbox_step()
     return 0

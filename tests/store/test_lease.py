@@ -189,3 +189,32 @@ def test_a_cron_tick_takes_the_lease_and_stands_aside_for_a_leader(
     assert main(["--state", str(state), "status"]) == 0
     assert "leader: ops-1:4242 (token 2, lease" in capsys.readouterr().out
     j.close()
+
+
+def test_a_cron_tick_longer_than_the_lease_keeps_it_and_acts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`tick` renews the lease while it runs, as `run` does: a tick that outlasted ttl_s (a slow
+    listing, vast's backoff) had every action after that refused as a stale leader's."""
+    from controller.service import commands
+    from controller.service.assemble import assemble
+    from controller.service.config import Config
+
+    config = Config.model_validate({"lease": {"ttl_s": 0.3, "renew_s": 0.05, "margin_s": 0.05},
+                                    "escalation": {"channels": []}})  # fmt: skip
+    app = assemble(config, state=tmp_path / "s", clock=time.time, sleep=time.sleep, seed=7)
+    try:
+        slow = app.controller.before_tick
+        assert slow is not None
+
+        def outlasting_the_lease() -> None:
+            slow()
+            time.sleep(0.6)  # sensing took twice the lease's TTL
+
+        monkeypatch.setattr(app.controller, "before_tick", outlasting_the_lease)
+        assert commands.tick_once(app) == 0
+        acted = [a for a in app.journal.actions.recent() if a["verdict"] == "act"]
+        assert acted and all(a["status"] not in ("intent", "interrupted") for a in acted), acted
+        assert not read(app.journal).live  # let go after
+    finally:
+        app.close()
