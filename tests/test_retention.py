@@ -77,8 +77,9 @@ def test_prune_command_counts_then_deletes(tmp_path: Path) -> None:
     assert db.execute("SELECT COUNT(*) FROM ticks").fetchone()[0] == ticks - 7
     assert ok(fg("--state", state, "prune", "--days", "1")).stdout.startswith("deleted nothing")
     ok(fg("--state", state, "status"))  # the journal still reads
-    too_short = fg("--state", state, "prune", "--days", "0.5")
-    assert too_short.returncode == 2 and "at least 1" in too_short.stderr
+    for days in ("0.5", "nan", "inf", "-3"):  # nan and inf were taken: nothing deleted, exit 0
+        refused = fg("--state", state, "prune", "--days", days)
+        assert refused.returncode == 2 and "at least 1" in refused.stderr, (days, refused)
 
 
 def test_prune_goes_in_batches_and_stops_at_its_budget(tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ import argparse
 import getpass
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -84,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("pause", help="stop acting (decisions are still made and recorded)")
     sub.add_parser("resume", help="act again")
     prune = sub.add_parser("prune", help="delete journal rows older than retention.days")
-    prune.add_argument("--days", type=float, help="keep this many days (default: the config's)")
+    prune.add_argument("--days", type=_days, help="keep this many days (default: the config's)")
     prune.add_argument("--dry-run", action="store_true", help="count, delete nothing")
     init = sub.add_parser("init", help="write a starter config and the shipped rules into DIR")
     init.add_argument("dir", metavar="DIR")
@@ -134,6 +135,20 @@ def _version() -> str:
 
 
 MAX_INT = 2**63 - 1  # the journal's integers (SQLite and PostgreSQL BIGINT)
+
+
+def _days(text: str) -> float:
+    """An argparse type: a number of days, at least 1 (`nan` or `inf` kept everything)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text[:40]!r}") from None
+    if not (math.isfinite(value) and value >= 1):
+        raise argparse.ArgumentTypeError(f"{text[:40]} is not a number of days, at least 1")
+    return value
+
+
+_days.__name__ = "days"
 
 
 def _whole(low: int) -> Callable[[str], int]:
