@@ -183,8 +183,8 @@ def _sim(p: Parts) -> App:
     def before_tick() -> None:
         # Another controller on this journal ticked the world on since it was read here (this
         # one stood by, or was cut off): go on from the world it saved, not from ours.
-        last = journal.meta.ticks(1)  # by id: MAX(started_at) reads every tick's row
-        saved = journal.meta.get(SIM_KEY) if last and last[0]["started_at"] > sim.now() else None
+        last = journal.meta.last_started()
+        saved = journal.meta.get(SIM_KEY) if last is not None and last > sim.now() else None
         if saved is not None and float(saved.get("now", 0.0)) > sim.now():
             behind = sim.now()
             sim.continue_from(saved)

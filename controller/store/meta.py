@@ -106,6 +106,12 @@ CREATE TABLE IF NOT EXISTS rule_reloads (
             r["summary"] = loads(r["summary"])
         return rows
 
+    def last_started(self) -> float | None:
+        """When the newest tick (by id) started: one row by its key (`last_now`'s MAX over
+        `started_at` reads every tick's row)."""
+        row = self._one("SELECT started_at FROM ticks WHERE id = (SELECT MAX(id) FROM ticks)")
+        return float(row["started_at"]) if row else None
+
     def last_now(self) -> float | None:
         """When the last tick started (None before the first)."""
         row = self._one("SELECT MAX(started_at) AS t FROM ticks")
