@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from support import book_of, engine_of, fact
 from controller.core.facts import build_facts
 from controller.core.model import Demand, Observation, SensorStatus
 from controller.core.track import History
-from controller.rules.engine import Engine, EngineError
+from controller.rules.engine import Engine, EngineError, _batch, _texts
 from controller.rules.source import read_rulebook
 from controller.tools.bench.tick import synthetic_instances
 
@@ -81,7 +82,7 @@ def test_a_batch_asserted_as_the_last_one_was_is_answered_as_it_was() -> None:
     sessions: list[int] = []
     real = e._match
 
-    def counted(batch: list[dict[str, object]], sid: str) -> list[object]:
+    def counted(batch: str, sid: str) -> list[object]:
         sessions.append(len(batch))
         return real(batch, sid)  # type: ignore[return-value]
 
@@ -269,6 +270,7 @@ def test_a_rejected_batch_leaves_the_engine_working() -> None:
     # leaves that session alone. In a child process, so a regression fails this test only.
     code = textwrap.dedent(
         """
+        import json
         from support import engine_of, fact
         from test_engine import RULES
         from controller.rules.engine import EngineError
@@ -277,7 +279,7 @@ def test_a_rejected_batch_leaves_the_engine_working() -> None:
             sid = f"{e._name}.rejected{n}"
             down = dict(fact("instance", "i1", daemon="down"), sid=sid, t=0.0)
             try:  # past the adapter's own removal of repeats: the engine's rejection
-                e._match([down, dict(down)], sid)
+                e._match(json.dumps([down, dict(down)]), sid)
             except EngineError as exc:
                 assert "MessageObservedException" in str(exc), exc
             else:
@@ -356,3 +358,25 @@ rules:
             if m.rule] == ["burst"]  # fmt: skip
     assert not [m for m in e.match([fact("demand", pending=3), fact("fleet", serving=5)], 2.0)
                 if m.rule]  # fmt: skip
+
+
+def test_a_batch_is_given_to_durable_rules_as_its_own_json_dumps_writes_it() -> None:
+    """The adapter writes each fact's JSON once (the key of the last batch, and the text the
+    engine parses): the text is the one `Host.assert_facts` would have written, byte for
+    byte, so the engine is given what it was before, whatever the facts hold."""
+    now = 1_700_000_000.0
+    demand, sensor = Demand("all", 250, 600, 900.0), SensorStatus("provider", "ok")
+    obs = Observation(now, tuple(synthetic_instances(200, now)), (demand,), (sensor,))
+    odd = [
+        fact("instance", "i-é", status_msg='naïve "quoted" \\ back\nline ✓', daemon="down"),
+        {"kind": "instance", "id": 7, "labels": {"a": [1, 2.5, None, True]}, "dph": 1e-300},
+        {"kind": "demand", "id": "d", "pending": float("nan"), "oldest_pending_s": -0.0},
+        {},
+    ]
+    sid = "fleetgate_x_1.3"
+    for facts in (build_facts(obs, History(), now), odd):
+        slim = [Engine(book_of(RULES), every_field=True)._slim(f) for f in facts]
+        tick = {"kind": "__tick__", "id": "__tick__", "sid": sid, "t": now}
+        expected = json.dumps([tick, *(dict(f, sid=sid, t=now) for f in slim)],
+                              ensure_ascii=False)  # fmt: skip
+        assert _batch(tick, _texts(slim)) == expected
