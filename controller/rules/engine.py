@@ -99,7 +99,7 @@ class Engine:
         self.book = book
         self._keep: dict[str, tuple[str, ...]] | None = None
         if not every_field:
-            self._keep = {kind: ("kind", "id", *sorted(names - {"kind", "id"}))
+            self._keep = {kind: ("kind", "id", *sorted(names - {"kind", "id"} - _STAMPS))
                           for kind, names in book.fields_used().items()}  # fmt: skip
         self._fired: list[Match] = []
         self._name = f"fleetgate_{book.digest or 'rules'}_{next(_COUNTER)}"
@@ -127,10 +127,14 @@ class Engine:
     def _slim(self, fact: dict[str, Any]) -> dict[str, Any]:
         """The fields of `fact` the rules read (all when asserted whole), without the ones
         the session stamps (`sid`, `t`)."""
+        # `_number` for a float only where its test fails: a call per value was a tenth of
+        # the match at 10,000 instances
         if self._keep is None:
-            return {k: _number(v) for k, v in fact.items() if k not in _STAMPS}
+            return {k: v if type(v) is not float or 1e-4 <= abs(v) < 1e16 or v == 0.0
+                    else _number(v) for k, v in fact.items() if k not in _STAMPS}  # fmt: skip
         keep = self._keep.get(str(fact.get("kind")), _KIND_ID)
-        return {k: _number(fact[k]) for k in keep if k in fact and k not in _STAMPS}
+        return {k: v if type(v) is not float or 1e-4 <= abs(v) < 1e16 or v == 0.0
+                else _number(v) for k in keep if k in fact for v in (fact[k],)}  # fmt: skip
 
     def match(self, facts: Sequence[dict[str, Any]], stamp: float, *,
               reuse: bool = True) -> list[Match]:  # fmt: skip
