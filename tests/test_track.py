@@ -7,7 +7,15 @@ from typing import Any
 
 from controller.core.facts import build_facts
 from controller.core.model import Instance, Observation, SensorStatus
-from controller.core.track import NO_DEBOUNCE, Debounce, History, Track, advance, debounced
+from controller.core.track import (
+    NO_DEBOUNCE,
+    Debounce,
+    History,
+    Track,
+    _parked,
+    advance,
+    debounced,
+)
 
 OK = (SensorStatus("provider", "ok"), SensorStatus("demand", "ok"))
 
@@ -120,3 +128,29 @@ def test_a_track_stored_before_probe_counting_loads_and_stays_down() -> None:
     hist = History(instances={"1": old})
     _, seen, evs = probed(hist, 10.0, "down", Debounce(count=5, after_s=600.0))
     assert seen == "down" and "death" not in evs
+
+
+def test_the_parked_fields_are_what_the_parking_rules_give_for_every_instance() -> None:
+    """`advance` asks `_parked` only of an instance with a journaled stop or parked fields;
+    every other one gets what `_parked` answers for it all the same, in every combination."""
+    now, stamps = 10_000.0, (None, 1_000.0, 5_000.0, 9_500.0)
+    olds = [None] + [
+        Track(f"i{n}", "m1", 0.0, "running", 0.0, status, 0.0, "up", 0.0,
+              parked_since=since, start_asked=asked, left_stop=left)
+        for n, (status, since, asked, left) in enumerate(
+            (s, a, b, c) for s in ("running", "stopped") for a in stamps for b in stamps
+            for c in stamps
+        )
+    ]  # fmt: skip
+    for old in olds:
+        for status in ("running", "stopped", "loading"):
+            for stop, start in ((None, None), (2_000.0, None), (None, 3_000.0), (9_000.0, 4.0)):
+                iid = old.id if old is not None else "new"
+                acted = {f"{a}:instance:{iid}": t for a, t in (("stop", stop), ("start", start))
+                         if t is not None}  # fmt: skip
+                hist = History(instances={iid: old} if old else {}, last_acted=acted)
+                tracks, _ = advance(hist, Observation(now, (inst(id=iid, status=status),), (),
+                                                      OK), now)  # fmt: skip
+                t = tracks[iid]
+                got = (t.parked_since, t.start_asked, t.left_stop)
+                assert got == _parked(old, inst(id=iid, status=status), hist, now), (old, acted)
