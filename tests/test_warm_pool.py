@@ -131,12 +131,26 @@ def fake() -> Iterator[FakeVast]:
         yield server
 
 
-def test_stop_and_start_send_vasts_put_state(fake: FakeVast) -> None:
-    iid = fake.add_instance(status="running", label="fg-x")
+def journaled(journal: Journal, action: str, iid: str, at: float) -> tuple[Decision, int]:
+    """`action` on `iid` as a tick journals it before acting: its intent row."""
+    d = act(action, instance=iid)
+    return d, journal.actions.record(
+        tick_id=1, now=at, action=action, target=d.proposal.target,
+        params=d.effective_params, proposer="rule:warm", reason="r", confidence=0.9,
+        verdict="act", why="w", status="intent",
+    )  # fmt: skip
+
+
+def vast_provider(fake: FakeVast, session: requests.Session) -> VastProvider:
     settings = VastSettings(base_url=fake.url, api_key="vast-test-key-warm", image="img:1",
                             timeout_s=2.0)  # fmt: skip
+    return VastProvider(VastClient(settings, session, sleep=lambda s: None), settings)
+
+
+def test_stop_and_start_send_vasts_put_state(fake: FakeVast) -> None:
+    iid = fake.add_instance(status="running", label="fg-x")
     with requests.Session() as session:
-        provider = VastProvider(VastClient(settings, session, sleep=lambda s: None), settings)
+        provider = vast_provider(fake, session)
         provider.stop(str(iid))
         assert fake.instances[iid]["actual_status"] == "stopped"
         provider.start(str(iid))
@@ -330,17 +344,9 @@ def test_a_stop_whose_answer_was_lost_parks_the_instance_vast_stopped(
     journal = Journal(tmp_path / "j.db")
     hist, _ = facts_at(journal.fleet.history(NOW), NOW, inst(str(iid), "running"))
     journal.fleet.save_tracks(hist.instances, [])
-    settings = VastSettings(base_url=fake.url, api_key="vast-test-key-warm", image="img:1",
-                            timeout_s=2.0)  # fmt: skip
-    d = act("stop", instance=str(iid))
-    row = journal.actions.record(
-        tick_id=1, now=NOW + 10, action="stop", target=d.proposal.target,
-        params=d.effective_params, proposer="rule:park", reason="idle", confidence=0.9,
-        verdict="act", why="w", status="intent",
-    )  # fmt: skip
+    d, row = journaled(journal, "stop", str(iid), NOW + 10)
     with requests.Session() as session:
-        provider = VastProvider(VastClient(settings, session, sleep=lambda s: None), settings)
-        outcome = Actuator(provider, journal, Guards()).execute(
+        outcome = Actuator(vast_provider(fake, session), journal, Guards()).execute(
             Job(d, row, 1, History(), NOW + 10, {}))  # fmt: skip
     assert fake.instances[iid]["actual_status"] == "stopped"
     assert outcome.status == "unknown" and "may have reached vast" in outcome.result["error"]
@@ -358,27 +364,16 @@ def test_a_start_whose_answer_was_lost_counts_as_asked(fake: FakeVast, tmp_path:
     fake.script("update", Lost(Close()))
     journal = Journal(tmp_path / "j.db")
 
-    def journaled(action: str, at: float) -> tuple[Decision, int]:
-        d = act(action, instance=a)
-        return d, journal.actions.record(
-            tick_id=1, now=at, action=action, target=d.proposal.target,
-            params=d.effective_params, proposer="rule:warm", reason="r", confidence=0.9,
-            verdict="act", why="w", status="intent",
-        )  # fmt: skip
-
     hist, _ = facts_at(journal.fleet.history(NOW), NOW, inst(a, "running"))
     journal.fleet.save_tracks(hist.instances, [])
-    _, stop = journaled("stop", NOW + 10)
+    _, stop = journaled(journal, "stop", a, NOW + 10)
     journal.actions.finish(stop, NOW + 10, "ok", {})
     hist, f = facts_at(journal.fleet.history(NOW + 60), NOW + 60, inst(a, "stopped"))
     journal.fleet.save_tracks(hist.instances, [])
     assert f[a]["parked"]
-    d, start = journaled("start", NOW + 100)
-    settings = VastSettings(base_url=fake.url, api_key="vast-test-key-warm", image="img:1",
-                            timeout_s=2.0)  # fmt: skip
+    d, start = journaled(journal, "start", a, NOW + 100)
     with requests.Session() as session:
-        provider = VastProvider(VastClient(settings, session, sleep=lambda s: None), settings)
-        outcome = Actuator(provider, journal, Guards()).execute(
+        outcome = Actuator(vast_provider(fake, session), journal, Guards()).execute(
             Job(d, start, 1, History(), NOW + 100, {}))  # fmt: skip
     assert outcome.status == "unknown"
     _, f = facts_at(journal.fleet.history(NOW + 700), NOW + 700, inst(a, "scheduling"))
@@ -513,17 +508,9 @@ def test_a_stop_or_start_vast_refused_before_acting_is_failed_not_unknown(
     iid = fake.add_instance(status=status, label="fg-x")
     fake.rate_limit("update", 10)
     journal = Journal(tmp_path / "j.db")
-    d = act(action, instance=str(iid))
-    row = journal.actions.record(
-        tick_id=1, now=NOW + 10, action=action, target=d.proposal.target,
-        params=d.effective_params, proposer="rule:warm", reason="r", confidence=0.9,
-        verdict="act", why="w", status="intent",
-    )  # fmt: skip
-    settings = VastSettings(base_url=fake.url, api_key="vast-test-key-warm", image="img:1",
-                            timeout_s=2.0)  # fmt: skip
+    d, row = journaled(journal, action, str(iid), NOW + 10)
     with requests.Session() as session:
-        provider = VastProvider(VastClient(settings, session, sleep=lambda s: None), settings)
-        actuator = Actuator(provider, journal, Guards())
+        actuator = Actuator(vast_provider(fake, session), journal, Guards())
         try:
             outcome = actuator.execute(Job(d, row, 1, History(), NOW + 10, {}))
             status_seen = outcome.status
@@ -579,16 +566,9 @@ def test_a_start_vast_queued_for_its_hosts_gpus_is_asked_not_failed(
     iid = fake.add_instance(status="stopped", label="fg-x")
     fake.taken_hosts.add(iid)
     journal = Journal(tmp_path / "j.db")
-    d = act("start", instance=str(iid))
-    row = journal.actions.record(
-        tick_id=1, now=NOW + 10, action="start", target=d.proposal.target,
-        params=d.effective_params, proposer="rule:warm", reason="r", confidence=0.9,
-        verdict="act", why="w", status="intent",
-    )  # fmt: skip
-    settings = VastSettings(base_url=fake.url, api_key="vast-test-key-warm", image="img:1",
-                            timeout_s=2.0)  # fmt: skip
+    d, row = journaled(journal, "start", str(iid), NOW + 10)
     with requests.Session() as session:
-        provider = VastProvider(VastClient(settings, session, sleep=lambda s: None), settings)
+        provider = vast_provider(fake, session)
         outcome = Actuator(provider, journal, Guards()).execute(
             Job(d, row, 1, History(), NOW + 10, {})
         )
