@@ -121,6 +121,7 @@ def test_a_tie_between_different_actions_is_a_conflict_that_asks() -> None:
     assert {d.verdict for d in out.decisions} == {"ask"}
     [doubt] = out.doubts
     assert doubt.kind == "conflict" and doubt.key == {"actions": ["replace", "restart_daemon"]}
+    assert doubt.facts == (facts[0],)  # what both rules matched, once: the evidence shown
 
 
 def test_the_same_action_from_two_rules_is_merged() -> None:
@@ -152,6 +153,7 @@ def test_low_confidence_asks() -> None:
     [d] = out.decisions
     assert d.verdict == "ask" and "below the threshold" in d.why
     assert [x.kind for x in out.doubts] == ["low_confidence"]
+    assert [f["id"] for f in out.doubts[0].facts] == ["b"]  # the evidence shown with it
 
 
 def test_a_stale_sensor_lowers_confidence_below_the_threshold() -> None:

@@ -146,8 +146,19 @@ def _contest(p: Proposal) -> str:
     return p.target
 
 
-def resolve(props: list[Proposal]) -> tuple[list[Proposal], list[Decision], list[Doubt]]:
-    """Step 4: merge duplicates, pick by priority per target; a tie of different actions asks."""
+def _matched(
+    props: Sequence[Proposal], facts: dict[str, dict[str, Any]]
+) -> tuple[dict[str, Any], ...]:
+    """The facts `props` matched, each once, in the order the proposals name them: the
+    evidence a person or the LLM reads about a proposal put to them."""
+    ids = dict.fromkeys(fid for p in props for fid in p.facts if fid in facts)
+    return tuple(facts[fid] for fid in ids)
+
+
+def resolve(props: list[Proposal], facts: dict[str, dict[str, Any]] | None = None
+            ) -> tuple[list[Proposal], list[Decision], list[Doubt]]:  # fmt: skip
+    """Step 4: merge duplicates, pick by priority per target; a tie of different actions asks
+    (with the facts the tied proposals matched, from `facts`)."""
     by_target: dict[str, list[Proposal]] = defaultdict(list)
     for p in props:
         by_target[_contest(p)].append(p)
@@ -165,6 +176,7 @@ def resolve(props: list[Proposal]) -> tuple[list[Proposal], list[Decision], list
                     "conflict",
                     target,
                     f"rules disagree about {target}: {names}",
+                    _matched(top, facts or {}),
                     key={"actions": sorted(kinds)},
                     proposals=tuple(top),
                 )
@@ -265,7 +277,7 @@ def decide(
     doubts += unmatched(matches, by_id)
     props, void, asked = requests(weigh(props, by_id, settings.gate) + list(extra), by_id)
     doubts += asked
-    winners, decisions, conflicts = resolve(props)
+    winners, decisions, conflicts = resolve(props, by_id)
     decisions = void + decisions
     doubts += conflicts
     for p in winners:
@@ -282,6 +294,7 @@ def decide(
                     kind,
                     p.target,
                     f"{p.proposer} proposes {p.action} {brief(p.params)}: {d.why}",
+                    _matched((p,), by_id),
                     key={"action": p.action},
                     proposals=(p,),
                 )

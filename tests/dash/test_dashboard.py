@@ -194,7 +194,7 @@ def test_an_escalation_page_shows_the_situation_and_its_buttons(deck: Deck) -> N
     assert proposal["reason"] in shown and proposal["proposer"] in shown
     assert f"Approving runs {proposal['action']}" in shown
     for fact in situation["facts"][:3]:
-        assert f"kind={fact['kind']}" in shown
+        assert f"kind ={fact['kind']}" in shown  # text() parts <b>kind</b>=value
     assert f"will {esc['default_action']['action']}" in shown
     assert 'id="approve"' in page.text and 'id="deny"' in page.text
 
