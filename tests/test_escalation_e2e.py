@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from fakes.openai_server import FakeOpenAI, RawBody, closed_port_url
 from support import rules_leaving_frozen_to_people
+from test_cli_ops import fg, ok
 
 from controller.service.app import App
 from controller.service.assemble import assemble
@@ -141,6 +142,11 @@ def test_an_endpoint_that_is_down_means_people_not_silence(
     assert call["status"] == "unavailable" and call["routed"] == "people"
     assert f"ESCALATION #{esc['id']}" in capsys.readouterr().out
     assert app.journal.escalations.deliveries(esc["id"])
+    # `escalations show` says the call failed and why, with no confidence it never had
+    shown = ok(fg("--state", str(app.journal.path.parent), "escalations", "show", str(esc["id"])))
+    [line] = [x for x in shown.stdout.splitlines() if x.startswith("  llm ")]
+    assert " fake-model unavailable: - cannot connect to the model at " in line, line
+    assert "None" not in line
 
 
 def test_an_llm_answer_the_guards_refuse_goes_to_people(

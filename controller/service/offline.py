@@ -235,8 +235,10 @@ def render_escalation(esc: dict[str, Any], ts: Callable[[float | None], str]) ->
                    + (f" ({d['detail']})" if d.get("detail") else ""))  # fmt: skip
     for c in esc["llm_calls"]:
         why = c.get("rationale") or c.get("error") or ""
-        out.append(f"  llm {ts(c['at'])} {c['model']} {c['status']}: {c.get('action') or '-'} "
-                   f"(confidence {c.get('confidence')}) {why}")  # fmt: skip
+        conf = c.get("confidence")  # none when the call gave no answer (down, over budget)
+        sure = f" (confidence {conf:.2f})" if isinstance(conf, int | float) else ""
+        out.append(f"  llm {ts(c['at'])} {c['model']} {c['status']}: {c.get('action') or '-'}"
+                   f"{sure} {why}")  # fmt: skip
     for a in esc["actions"]:
         out.append(f"  action #{a['id']} {ts(a['at'])} {a['verdict']} {a['status']} "
                    f"{a['action']} {a['target']}: {a['why']}")  # fmt: skip
