@@ -63,6 +63,18 @@ def test_a_spend_cap_that_allows_nothing_vetoes_and_asks_a_person() -> None:
     assert d.verdict == "veto" and doubts == []  # throttling is routine: no escalation
 
 
+def test_a_replace_the_caps_refuse_is_escalated_naming_the_instance() -> None:
+    c = ctx(fact("instance", "i1", daemon="down"), fact("fleet", instances=5, active=5),
+            max_instances=5)  # fmt: skip
+    [d], [doubt] = guards.check([act("replace", instance="i1")], c)
+    assert d.verdict == "veto" and d.guard == "max_instances"
+    assert doubt.kind == "guard_veto" and doubt.summary == (
+        "rule:r wants to replace instance i1, which needs room for 1 more instance(s), but "
+        "max_instances allows none")  # fmt: skip
+    [_], [doubt] = guards.check([act("scale_to", count=9)], c)
+    assert doubt.summary == "rule:r wants 4 more instance(s) but max_instances allows none"
+
+
 def test_drain_before_destroy() -> None:
     serving = fact("instance", "i1", tasks_running=0, drained=False)
     d = one(act("destroy", instance="i1"), ctx(serving, fact("fleet", instances=3)))

@@ -108,11 +108,15 @@ def _launch(d: Decision, count: int, ctx: Context, b: _Budget, doubts: list[Doub
                     f"({', '.join(d.proposal.overrides)}), journaled")  # fmt: skip
     if room <= 0:
         if limit in ("max_spend_per_hour", "max_instances"):
+            p = d.proposal
+            what = (f"wants to {p.action} instance {p.params['instance']}, which needs room "
+                    f"for {count} more instance(s)," if p.action in ("replace", "start")
+                    else f"wants {count} more instance(s)")  # fmt: skip
             doubts.append(
                 Doubt(
                     "guard_veto",
                     "fleet",
-                    f"{d.proposal.proposer} wants {count} more instance(s) but {limit} allows none",
+                    f"{p.proposer} {what} but {limit} allows none",
                     key={"guard": limit},
                     proposals=(d.proposal,),
                 )
