@@ -198,3 +198,26 @@ def test_iso_formats_epoch_seconds_in_utc() -> None:
     assert iso8601("already text") == "already text"
     with pytest.raises(TypeError):
         iso8601(None)  # type: ignore[arg-type]
+
+
+def test_a_fleet_and_budget_nothing_sensed_are_said_to_be_unknown(
+    make_esc: Callable[..., dict[str, Any]], how: dict[str, Any]
+) -> None:
+    """A tick that failed before sensing (ticks failing in a row) escalates with no fleet and
+    no budget: every channel says they are not known instead of printing an empty value."""
+    import json
+
+    esc = make_esc(fleet={}, budget={})
+    r = Renderer()
+    unknown = "not known (nothing was sensed)"
+    text = r.render("message.txt.j2", esc=esc, how=how)
+    assert f"Fleet:  {unknown}\nBudget: {unknown}\n" in text
+    slack = json.loads(r.render("slack.json.j2", esc=esc, how=how))
+    head = slack["blocks"][1]["text"]["text"]
+    assert f"*Fleet:* {unknown}\n*Budget left:* {unknown}\n" in head and "``" not in head
+    ntfy = json.loads(r.render("ntfy.json.j2", esc=esc, how=how))
+    assert f"Budget left: {unknown}\n" in ntfy["message"]
+    shown = make_esc()  # a fleet sensed is shown as before
+    assert "Fleet:  " + format_kv(shown["fleet"]) + "\n" in r.render(
+        "message.txt.j2", esc=shown, how=how
+    )
