@@ -262,6 +262,8 @@ def test_an_empty_or_410_listing_changes_nothing_and_is_escalated_once(
     assert changes == []
     esc = [e for e in world.app.journal.escalations.recent() if e["kind"] == "sensing_failure"]
     assert len(esc) == 1 and "fleet listing failed" in esc[0]["summary"]
+    # not a fleet of none: "instances=0 spend_per_h=0" told people (and the LLM) it was empty
+    assert (esc[0]["situation"]["fleet"], esc[0]["situation"]["budget"]) == ({}, {})
 
 
 def test_status_shows_the_real_fleet_as_the_last_tick_saw_it(world: World) -> None:

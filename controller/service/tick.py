@@ -214,7 +214,10 @@ class Controller:
                 targets.add(str(f["id"]))
                 targets.add(str(f["machine_id"]))
         doubts = planned.doubts + done.refused + self._standing
-        raised = self.escalator.raise_all(doubts, fleet, self._budget(fleet, planned),
+        # a failed listing is no fleet of none: the messages say the fleet is not known
+        sensed = planned.observation.sensor_ok("provider")
+        raised = self.escalator.raise_all(doubts, fleet if sensed else {},
+                                          self._budget(fleet, planned) if sensed else {},
                                           planned.now, targets)  # fmt: skip
         if all(s.state == "ok" for s in planned.observation.sensors):
             # not what it just raised; the pending ones as gathered when it raised none

@@ -209,7 +209,7 @@ def test_a_fleet_and_budget_nothing_sensed_are_said_to_be_unknown(
 
     esc = make_esc(fleet={}, budget={})
     r = Renderer()
-    unknown = "not known (nothing was sensed)"
+    unknown = "not known (not sensed this tick)"
     text = r.render("message.txt.j2", esc=esc, how=how)
     assert f"Fleet:  {unknown}\nBudget: {unknown}\n" in text
     slack = json.loads(r.render("slack.json.j2", esc=esc, how=how))

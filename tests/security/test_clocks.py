@@ -331,8 +331,8 @@ def test_ticks_failing_in_a_row_are_escalated_and_resolve_when_ticks_work(
     assert f"{FAILURES_TO_ESCALATE} ticks in a row failed" in esc[0]["summary"]
     [sent] = delivered(app, "disk I/O error")
     # the failed tick sensed nothing: the message says so rather than print empty lines
-    assert "Fleet:  not known (nothing was sensed)\n" in sent["message"]
-    assert "Budget: not known (nothing was sensed)\n" in sent["message"]
+    assert "Fleet:  not known (not sensed this tick)\n" in sent["message"]
+    assert "Budget: not known (not sensed this tick)\n" in sent["message"]
     with pytest.raises(JournalError):
         c.tick()  # still failing: the same escalation, not one per tick
     assert len(escalations_about(app.journal, "controller")) == 1
