@@ -67,11 +67,18 @@ def format_value(value: Any) -> str:
     )
 
 
+LEADING = ("kind", "id", "label")  # what a fact is, first, however it was stored
+
+
 def format_kv(mapping: Mapping[str, Any]) -> str:
-    """A mapping as `key=value key=value`, in the mapping's own order."""
+    """A mapping as `key=value key=value` in its own order; a fact's `LEADING` keys first (one
+    read back from the journal has its keys sorted: `id` fell mid-line)."""
     if not isinstance(mapping, Mapping):
         raise TypeError(f"kv: expected a mapping, got {mapping!r}")
-    return " ".join(f"{key}={format_value(value)}" for key, value in mapping.items())
+    if "kind" not in mapping:  # not a fact: its own order
+        return " ".join(f"{key}={format_value(value)}" for key, value in mapping.items())
+    keys = [k for k in LEADING if k in mapping] + [k for k in mapping if k not in LEADING]
+    return " ".join(f"{key}={format_value(mapping[key])}" for key in keys)
 
 
 def _default(value: Any) -> Any:

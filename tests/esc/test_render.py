@@ -187,6 +187,9 @@ def test_kv_writes_bare_words_and_quotes_the_rest() -> None:
     assert format_kv({"id": "10007", "label": "fg a1", "n": 2, "ok": True, "x": None}) == (
         'id=10007 label="fg a1" n=2 ok=true x=null'
     )
+    # a fact read back from the journal has its keys sorted: what it is still comes first
+    read_back = {"age_s": 5, "daemon": "down", "id": "10007", "kind": "instance", "label": "x"}
+    assert format_kv(read_back) == "kind=instance id=10007 label=x age_s=5 daemon=down"
     assert format_value({"b": 1, "a": [1, 2]}) == '{"a":[1,2],"b":1}'
     assert format_value('say "hi"') == '"say \\"hi\\""'
     assert format_value("") == '""'
