@@ -62,6 +62,18 @@ def test_healthz_fails_once_the_journal_file_is_deleted_or_replaced(tmp_path: Pa
         assert r.status_code == 503 and r.json() == lost
 
 
+def test_healthz_fails_once_the_journal_write_ahead_log_is_deleted(tmp_path: Path) -> None:
+    """The commits since the last checkpoint live in `j.db-wal`: deleted, the connection goes
+    on committing into it unseen (other readers get a disk I/O error), and a crash loses them."""
+    journal = Journal(tmp_path / "j.db")
+    with served(create_app(journal, SecretStr(TOKEN), clock=lambda: 1.0), journal) as base:
+        assert requests.get(f"{base}/healthz", timeout=10).status_code == 200
+        (tmp_path / "j.db-wal").unlink()
+        r = requests.get(f"{base}/healthz", timeout=10)
+        reason = "the journal this process opened is gone or was replaced: restart it"
+        assert r.status_code == 503 and r.json() == {"status": "failed", "reason": reason}
+
+
 class Demand:
     """The simulator's demand sensor, whose reading goes stale when told to."""
 

@@ -265,15 +265,29 @@ class SQLiteStore:
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA busy_timeout=5000")
         self._file = _file_id(self.path)
+        self._wal: tuple[int, int] | None = None  # the -wal file's id, once seen
 
     def vanished(self) -> str | None:
         """The file was deleted, or another file put in its place, since it was opened (the
-        connection would go on writing to the old one, which nobody reads)."""
+        connection would go on writing to the old one, which nobody reads); or so was its
+        write-ahead log, which holds the commits since the last checkpoint: the connection
+        goes on committing into the deleted one, other readers fail on the new one, and a
+        crash loses what it held. (SQLite deletes the log only when the last connection
+        closes, and this one stays open.)"""
         now = _file_id(self.where)  # (a str: checked before every tick acts)
         if now is None:
             return f"the journal file {self.where} is missing"
         if self._file is not None and now != self._file:
             return f"the journal file {self.where} was replaced by another file"
+        if self._file is None or self.read_only:
+            return None
+        wal = _file_id(self.where + "-wal")
+        if self._wal is None:
+            self._wal = wal  # (none before the first transaction: taken when first seen)
+        elif wal is None:
+            return f"the journal's write-ahead log {self.where}-wal is missing"
+        elif wal != self._wal:
+            return f"the journal's write-ahead log {self.where}-wal was replaced by another file"
         return None
 
     def others_version(self) -> int | None:

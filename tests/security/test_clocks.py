@@ -257,14 +257,17 @@ def remove_sqlite(path: Path) -> None:
         Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
-@pytest.mark.parametrize("how", ["deleted", "replaced"])
+@pytest.mark.parametrize("how", ["deleted", "replaced", "wal_deleted"])
 def test_a_journal_lost_while_running_stops_all_acting(app: App, how: str) -> None:
     c = app.controller
     for _ in range(3):
         c.tick()
     path = app.state / "journal.db"
     assert path.exists()
-    remove_sqlite(path)
+    if how == "wal_deleted":  # its commits since the last checkpoint: the connection went
+        Path(f"{path}-wal").unlink()  # on writing them where nobody reads, lost in a crash
+    else:
+        remove_sqlite(path)
     if how == "replaced":  # a restore, or another controller's fresh journal
         Journal(path).close()
     launched = app.sim.stats["instances_launched"]  # type: ignore[union-attr]
