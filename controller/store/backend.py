@@ -376,13 +376,32 @@ def _pg_errors(where: str) -> Iterator[None]:
         raise JournalError(f"journal ({where}): {type(exc).__name__}: {detail or exc}") from exc
 
 
+# How long one statement may take, and when a silent peer counts as gone (libpq's keepalives
+# and TCP_USER_TIMEOUT, unless the DSN sets them): the tick, the lease thread and /healthz share
+# the one connection, and without these a lock held elsewhere or a server that vanished without
+# a word (a partition, a host powered off) held all three forever, the lease never renewed.
+STATEMENT_TIMEOUT_S = 30.0
+KEEPALIVES = {"keepalives": "1", "keepalives_idle": "10", "keepalives_interval": "5",
+              "keepalives_count": "3", "tcp_user_timeout": "30000"}  # fmt: skip
+
+
+def _keepalives(dsn: str) -> str:
+    """`dsn` with the keepalive parameters it does not set itself (its own win)."""
+    given = psycopg.conninfo.conninfo_to_dict(dsn)
+    extra = {k: v for k, v in KEEPALIVES.items() if k not in given}
+    return psycopg.conninfo.make_conninfo(dsn, **extra)
+
+
 class PostgresStore:
-    """A PostgreSQL (or YugabyteDB) schema. One connection, reopened after a failure."""
+    """A PostgreSQL (or YugabyteDB) schema. One connection, reopened after a failure; every
+    statement on it bounded by `statement_timeout_s`, a silent peer dropped by keepalives."""
 
     kind = "postgres"
 
-    def __init__(self, dsn: str, schema: str = "fleetgate", connect_timeout_s: int = 5) -> None:
+    def __init__(self, dsn: str, schema: str = "fleetgate", connect_timeout_s: int = 5,
+                 statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> None:  # fmt: skip
         self._dsn, self.schema, self._timeout = dsn, schema, connect_timeout_s
+        self._statement_ms = str(max(1, round(statement_timeout_s * 1000)))
         self._lock = threading.RLock()
         self._conn: psycopg.Connection[Row] | None = None
         self.where = self.where_of(dsn, schema)
@@ -411,9 +430,11 @@ class PostgresStore:
         if self._conn is not None and not self._conn.closed and not self._conn.broken:
             return self._conn
         with _pg_errors(self.where):
-            conn = psycopg.connect(self._dsn, autocommit=True, row_factory=dict_row,
-                                   connect_timeout=self._timeout,
+            conn = psycopg.connect(_keepalives(self._dsn), autocommit=True,
+                                   row_factory=dict_row, connect_timeout=self._timeout,
                                    fallback_application_name="fleetgate")  # fmt: skip
+            conn.execute("SELECT set_config('statement_timeout', %s, false)",
+                         (self._statement_ms,))  # fmt: skip
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(hashtext('fleetgate schema'))")
                 conn.execute(pgsql.SQL("CREATE SCHEMA IF NOT EXISTS {}")

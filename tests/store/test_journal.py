@@ -5,10 +5,12 @@ one snapshot, and the config that puts it on PostgreSQL."""
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psycopg
 import pytest
 from support import BACKENDS, PG_DSN, peer, pg_store
 
@@ -123,3 +125,45 @@ def test_the_config_puts_the_journal_on_postgresql(
         assert isinstance(j.store, PostgresStore)
         j.store.drop()
         j.close()
+
+
+def test_a_postgresql_statement_blocked_elsewhere_fails_in_bounded_time() -> None:
+    """A lock held by another session (a migration, an operator's open transaction) held the
+    lease's renewal, and with it the tick and /healthz sharing the connection, until it was
+    released: now the statement times out as a journal error, and the connection goes on."""
+    schema = "fg_test_lock_" + os.urandom(4).hex()
+    store = PostgresStore(PG_DSN, schema, statement_timeout_s=0.5)
+    try:
+        lease = Lease(Journal(store), "a", ttl_s=5, margin_s=1)
+        assert lease.renew()
+        with psycopg.connect(PG_DSN, autocommit=True) as other, other.transaction():
+            other.execute(f'LOCK TABLE "{schema}".leases IN ACCESS EXCLUSIVE MODE')
+            with pytest.raises(JournalError, match="statement timeout"):
+                lease.renew()
+        assert lease.renew()  # the same term: the lock gone, it renews
+    finally:
+        store.drop()
+        store.close()
+
+
+def test_a_postgresql_journal_drops_a_silent_server_within_a_minute() -> None:
+    """A server gone without a word (a partition, a host powered off) left the connection
+    waiting for an answer forever (the system's keepalive starts after two hours): libpq's
+    keepalives and TCP_USER_TIMEOUT now end it, unless the DSN sets its own."""
+    store = pg_store()
+    try:
+        fd = os.dup(store._connect().fileno())
+        with socket.socket(fileno=fd) as sock:
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            idle = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE)
+            interval = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL)
+            count = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT)
+            assert idle + interval * count <= 60
+            assert 0 < sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) <= 60_000
+        own = PostgresStore(PG_DSN + " keepalives_idle=42", store.schema)
+        with socket.socket(fileno=os.dup(own._connect().fileno())) as sock:
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 42
+        own.close()
+    finally:
+        store.drop()
+        store.close()
