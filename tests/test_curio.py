@@ -332,6 +332,19 @@ def test_a_failed_connection_is_a_sensor_error_without_the_password(
     assert PASSWORD not in message and PASSWORD[3:] not in message and bad_dsn not in message
 
 
+def test_a_server_gone_silent_mid_query_is_dropped_by_keepalives() -> None:
+    """The statement timeout is enforced by the server: one that stops answering (a partition,
+    a host powered off) never sends it, and the demand read waited for ever, and the tick with
+    it (the system's own keepalive starts after two hours)."""
+    conn = connect(CurioSettings(dsn=DSN))
+    with conn, socket.socket(fileno=os.dup(conn.fileno())) as sock:
+        idle = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE)
+        interval = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL)
+        count = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT)
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert idle + interval * count <= 60
+
+
 def test_a_hung_server_times_out_at_connect_timeout(db: CurioDB) -> None:
     with SilentServer() as silent:
         hung = f"host=127.0.0.1 port={silent.port} dbname=test user=postgres password={PASSWORD}"

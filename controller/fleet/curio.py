@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from controller.core.fields import Secret
 from controller.core.model import Demand
 from controller.fleet.base import SensorError, StaleReading
+from controller.store.backend import with_keepalives
 
 log = logging.getLogger(__name__)
 
@@ -146,9 +147,11 @@ Connect = Callable[[CurioSettings], Connection]
 
 
 def connect(settings: CurioSettings) -> Connection:
-    """A fresh autocommit connection (transactions are explicit), bounded by connect_timeout_s."""
+    """A fresh autocommit connection (transactions are explicit), bounded by connect_timeout_s;
+    a server that stops answering mid-query is dropped by keepalives (the statement timeout is
+    the server's own: it never arrives from a server that went silent)."""
     return psycopg.connect(
-        settings.dsn.get_secret_value(),
+        with_keepalives(settings.dsn.get_secret_value()),
         autocommit=True,
         connect_timeout=settings.connect_timeout_s,
         fallback_application_name="fleetgate",

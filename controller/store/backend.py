@@ -377,15 +377,16 @@ def _pg_errors(where: str) -> Iterator[None]:
 
 
 # How long one statement may take, and when a silent peer counts as gone (libpq's keepalives
-# and TCP_USER_TIMEOUT, unless the DSN sets them): the tick, the lease thread and /healthz share
-# the one connection, and without these a lock held elsewhere or a server that vanished without
-# a word (a partition, a host powered off) held all three forever, the lease never renewed.
+# and TCP_USER_TIMEOUT, unless the DSN sets them; Curio's sensor uses them too): the tick, the
+# lease thread and /healthz share the one connection, and without these a lock held elsewhere
+# or a server that vanished without a word (a partition, a host powered off) held all three
+# forever, the lease never renewed.
 STATEMENT_TIMEOUT_S = 30.0
 KEEPALIVES = {"keepalives": "1", "keepalives_idle": "10", "keepalives_interval": "5",
               "keepalives_count": "3", "tcp_user_timeout": "30000"}  # fmt: skip
 
 
-def _keepalives(dsn: str) -> str:
+def with_keepalives(dsn: str) -> str:
     """`dsn` with the keepalive parameters it does not set itself (its own win)."""
     given = psycopg.conninfo.conninfo_to_dict(dsn)
     extra = {k: v for k, v in KEEPALIVES.items() if k not in given}
@@ -430,7 +431,7 @@ class PostgresStore:
         if self._conn is not None and not self._conn.closed and not self._conn.broken:
             return self._conn
         with _pg_errors(self.where):
-            conn = psycopg.connect(_keepalives(self._dsn), autocommit=True,
+            conn = psycopg.connect(with_keepalives(self._dsn), autocommit=True,
                                    row_factory=dict_row, connect_timeout=self._timeout,
                                    fallback_application_name="fleetgate")  # fmt: skip
             conn.execute("SELECT set_config('statement_timeout', %s, false)",
