@@ -121,21 +121,23 @@ def _dicts(cur: sqlite3.Cursor) -> list[Row]:
 class _SQLiteTx:
     lock_rows = ""  # BEGIN IMMEDIATE already holds the write lock
 
-    def __init__(self, db: sqlite3.Connection, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, db: sqlite3.Connection, clock: Callable[[], float] = time.time,
+                 where: str = "journal") -> None:  # fmt: skip
         self._db = db
         self._clock = clock
+        self._where = where  # the file, for messages
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> Result:
-        with _sqlite_errors("journal"):
+        with _sqlite_errors(self._where):
             cur = self._db.execute(sql, tuple(args))
             return Result(_dicts(cur), cur.rowcount)
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        with _sqlite_errors("journal"):
+        with _sqlite_errors(self._where):
             self._db.executemany(sql, rows)
 
     def insert(self, sql: str, args: Sequence[Any] = ()) -> int:
-        with _sqlite_errors("journal"):
+        with _sqlite_errors(self._where):
             return int(self._db.execute(sql, tuple(args)).lastrowid or 0)
 
     def clock(self) -> float:
@@ -203,7 +205,7 @@ class _SQLiteTransaction:
         except BaseException:
             store._lock.release()
             raise
-        return _SQLiteTx(db, store._clock)
+        return _SQLiteTx(db, store._clock, store.where)
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: object) -> Literal[False]:  # fmt: skip

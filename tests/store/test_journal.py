@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -167,3 +168,25 @@ def test_a_postgresql_journal_drops_a_silent_server_within_a_minute() -> None:
     finally:
         store.drop()
         store.close()
+
+
+def test_a_corrupt_sqlite_journal_is_an_error_naming_its_file(tmp_path: Path) -> None:
+    """A page overwritten in the middle of the file: the error says which journal is broken
+    (it said `journal (journal)`, whatever --state or the config had named)."""
+    path = tmp_path / "journal.db"
+    j = Journal(path)
+    for n in range(400):
+        j.meta.finish_tick(j.meta.start_tick(float(n), "r" * 200), float(n) + 1, {"n": n})
+    j.close()
+    with sqlite3.connect(path) as db:  # a leaf page of `ticks`, not one of the schema's
+        size = db.execute("PRAGMA page_size").fetchone()[0]
+        [page] = db.execute("SELECT max(pageno) FROM dbstat WHERE name = 'ticks' AND "
+                            "pagetype = 'leaf'").fetchone()  # fmt: skip
+    with path.open("r+b") as f:
+        f.seek((page - 1) * size + 8)  # past the page header: garbage where its cells point
+        f.write(b"\xde\xad\xbe\xef" * (size // 8))
+    again = SQLiteStore(path)
+    with pytest.raises(JournalError, match="malformed") as caught, again.tx() as db:
+        db.execute("SELECT count(*) FROM ticks WHERE summary LIKE '%n%'")
+    again.close()
+    assert str(path) in str(caught.value) and "journal (journal)" not in str(caught.value)
