@@ -46,7 +46,7 @@ from controller.core.policy import Gate
 from controller.store.journal import Journal
 from controller.store.outbox import READ_AND_DELIVER, RESOLVE, OutboxStore
 from escalation.channels.base import Channel, Delivery
-from escalation.notify import Notifier
+from escalation.notify import Notifier, ended
 from escalation.render import iso8601
 from escalation.situation import Situation, fingerprint, sanitize_fact, should_escalate, to_dict
 
@@ -317,6 +317,8 @@ class Escalator:
         """End the open alerts of escalation `esc` (a journal row): per channel, the error or
         None (closed, or a channel that keeps no alerts)."""
         message = self._esc_dict(esc_id, esc["situation"], esc["fingerprint"], esc["created_at"])
+        # how it ended: the situation the row keeps has no status (an alert read "answered")
+        message.update(status=esc.get("status"), ended=ended(esc))
         errors: list[str | None] = []
         for channel in channels:
             resolve = getattr(channel, "resolve", None)

@@ -179,7 +179,7 @@ class AlertmanagerChannel:
     def resolve(self, esc: dict[str, Any]) -> None:
         """End the escalation's alert now (answered or expired)."""
         what = f"channel {self.name!r}: escalation {esc.get('id')!r}: resolve"
-        status = esc.get("status") or "answered"
+        status = esc.get("ended") or esc.get("status") or "answered"
         summary = f"#{esc.get('id')} {esc.get('kind')} {esc.get('subject')}: {esc.get('summary')}"
         alert = {
             "labels": self.labels(esc),

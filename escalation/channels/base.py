@@ -40,7 +40,8 @@ class Channel(Protocol):
     Optional: `resolve(esc: dict[str, Any]) -> None`, called when an escalation is answered or
     expires, for channels whose far end keeps an open item (a PagerDuty incident, an
     Alertmanager alert) that should end then. `esc` holds at least id, fingerprint, kind and
-    subject (a journal row will do); failures raise ChannelError. Channels without it are
+    subject (a journal row will do), and from the outbox also `status` and `ended` (how it
+    ended, in words: escalation.notify.ended); failures raise ChannelError. Channels without it are
     skipped. It is not a protocol member, so channels without it still fit the protocol: call
     it as `getattr(channel, "resolve", None)`.
     """
