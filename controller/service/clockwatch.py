@@ -37,12 +37,19 @@ class Jump:
     reference: str  # what it was measured against: "monotonic clock", "journal's last tick"
 
     def describe(self, offset_s: float) -> str:
-        way = "back" if self.by_s < 0 else "forward"
-        return (f"the wall clock jumped {way} by {abs(self.by_s):.0f} s (measured against the "
-                f"{self.reference}); this tick acted on nothing, and the controller keeps its "
-                f"own time continuous ({offset_s:+.0f} s from the wall clock) until it is "
-                "restarted: check the host's time synchronisation, then restart it to take "
-                "the wall clock as it is")  # fmt: skip
+        """What happened and what to do. A restart takes a wall clock that went forward as it
+        is, but not one that went back: a restarted controller resumes from the journal's last
+        tick (and holds its first tick again), so a step back is never told to restart."""
+        seen = (f"the wall clock jumped {'back' if self.by_s < 0 else 'forward'} by "
+                f"{abs(self.by_s):.0f} s (measured against the {self.reference}); this tick "
+                "acted on nothing, and the controller keeps its own time continuous "
+                f"({offset_s:+.0f} s from the wall clock)")  # fmt: skip
+        if self.by_s < 0:
+            return (f"{seen}, also after a restart, which resumes from the journal's last tick: "
+                    "check the host's time synchronisation; ticks go on acting from the next "
+                    "one")  # fmt: skip
+        return (f"{seen} until it is restarted: check the host's time synchronisation, then "
+                "restart it to take the wall clock as it is")  # fmt: skip
 
 
 class ClockWatch:

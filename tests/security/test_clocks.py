@@ -249,6 +249,43 @@ def test_a_restart_after_a_step_back_holds_its_first_tick_and_says_so(app: App) 
     assert "held" not in app.journal.meta.ticks(1)[0]["summary"]
 
 
+def test_a_step_back_is_not_told_to_restart_which_would_hold_and_page_again(app: App) -> None:
+    """The message said "restart it to take the wall clock as it is"; a restarted controller
+    resumes from the journal's last tick, holds its first tick and pages again, saying the
+    same."""
+    wall = Stepped(app.sim.now)  # type: ignore[union-attr]
+    c = on_wall_clock(app, wall)
+    for _ in range(5):
+        c.tick()
+    wall.step = -TWO_HOURS
+    c.tick()
+    restarted = on_wall_clock(app, wall)  # as the message asked, a restart
+    restarted.tick()
+    first, again = escalations_about(app.journal, "clock")[::-1]
+    assert "journal's last tick" in again["summary"]  # the restart held and paged again
+    for esc in (first, again):
+        [sent] = [d for d in delivered(app, "clock") if d["id"] == esc["id"]]
+        assert "restart it" not in sent["message"]
+        assert (
+            "also after a restart, which resumes from the journal's last tick: check the "
+            "host's time synchronisation; ticks go on acting from the next one"
+        ) in sent["message"]
+
+
+def test_a_forward_step_says_a_restart_takes_the_wall_clock_as_it_is(app: App) -> None:
+    wall = Stepped(app.sim.now)  # type: ignore[union-attr]
+    c = on_wall_clock(app, wall)
+    for _ in range(3):
+        c.tick()
+    wall.step = TWO_HOURS
+    c.tick()
+    [sent] = delivered(app, "jumped forward by 7200 s")
+    assert (
+        "(+7200 s from the wall clock) until it is restarted: check the host's time "
+        "synchronisation, then restart it to take the wall clock as it is"
+    ) in sent["message"]
+
+
 # ---- the journal lost under a running controller -----------------------------------------------
 
 
