@@ -226,7 +226,7 @@ class LLMClient:
         calls = self._usage.calls_since(now - HOUR)
         if calls >= s.max_calls_per_hour:
             raise LLMBudgetExceeded(
-                f"LLM call budget used up: {calls} calls in the last hour"
+                f"LLM call budget used up: {calls} call{'s' if calls != 1 else ''} in the last hour"
                 f" (max_calls_per_hour={s.max_calls_per_hour})"
             )
         tokens = self._usage.tokens_since(now - DAY)

@@ -17,6 +17,7 @@ def test_pairs_with_lists_said_plainly() -> None:
     )
     assert brief({"instance": "10004", "block_host": True}) == "instance=10004 block_host=True"
     assert brief(None) == brief({}) == ""
+    assert brief({"instance": "10004", "reason": ""}) == 'instance=10004 reason=""'
 
 
 def test_the_console_line_of_a_launch_reads_as_the_readme_shows_it(tmp_path: Path) -> None:

@@ -607,3 +607,12 @@ def test_an_endpoint_claiming_absurd_usage_spends_the_budget_without_breaking_th
             client.decide(situation(), TARGETS)
     assert journal.llm.llm_usage_since(0) == (1, MAX_TOKENS)
     journal.close()
+
+
+def test_a_call_budget_of_one_says_so_in_the_singular(
+    client_for: Callable[..., LLMClient],
+) -> None:
+    with FakeOpenAI(total_tokens=5) as fake:
+        assert client_for(fake.url, max_calls_per_hour=1).decide(situation(), TARGETS)
+        with pytest.raises(LLMBudgetExceeded, match=r"used up: 1 call in the last hour \("):
+            client_for(fake.url, max_calls_per_hour=1).decide(situation(), TARGETS)
