@@ -177,3 +177,46 @@ def test_without_a_proposal_no_approve_by_http_is_printed(tmp_path: Path) -> Non
         assert "approve_http" not in bare and "deny_http" in bare
     finally:
         j.close()
+
+
+def test_a_capped_proposal_prints_the_override_that_carries_it_out(tmp_path: Path) -> None:
+    """A replacement `max_instances` refused: a bare approve is vetoed again by the same cap,
+    so the message prints the approve with `--override max_instances`, and it works as
+    pasted (the answer carries the override to the guards, journaled)."""
+    from controller.service.assemble import cli_prefix
+
+    state = tmp_path / "state"
+    state.mkdir()
+    j = Journal(state / "journal.db")
+    try:
+        e = Escalator(j, Notifier([], Renderer()), window_s=60, deadline_s=1900,
+                      cli_prefix=cli_prefix(None, state))  # fmt: skip
+        proposal = {"action": "replace", "params": {"instance": "7", "reason": "crash loop"},
+                    "proposer": "rule:replace-crash-looping-instance", "confidence": 0.9,
+                    "reason": "crash loop"}  # fmt: skip
+        situation = {
+            "kind": "guard_veto", "subject": "fleet",
+            "summary": "rule:replace-crash-looping-instance wants to replace instance 7, "
+                       "which needs room for 1 more instance(s), but max_instances allows none",
+            "facts": [], "key": {"guard": "max_instances"}, "proposals": [proposal],
+            "recent_actions": [], "fleet": {}, "budget": {},
+            "allowed_actions": ["hold", "launch", "replace", "scale_to"],
+            "default_action": HOLD, "created_at": 100.0,
+        }  # fmt: skip
+        esc = j.escalations.add_escalation(fingerprint="fp", kind="guard_veto", subject="fleet",
+                                           summary=situation["summary"], now=100.0,
+                                           deadline=DEADLINE, situation=situation,
+                                           default_action=HOLD)  # fmt: skip
+        text = message(e, j, esc, "message.txt.j2")
+        [line] = [x.split(":", 1)[1].strip() for x in text.splitlines()
+                  if x.strip().startswith("past max_instances:")]  # fmt: skip
+        assert line.endswith(f"approve {esc} --override max_instances")
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+        run = subprocess.run(["bash", "-c", line], env=env, cwd=tmp_path, capture_output=True,
+                             text=True, timeout=60)  # fmt: skip
+        assert run.returncode == 0, run.stdout + run.stderr
+        [p] = approvals.approved_proposals(j)
+        assert (p.action, p.params["instance"], p.overrides) == (
+            "replace", "7", ("max_instances",))  # fmt: skip
+    finally:
+        j.close()
