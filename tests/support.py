@@ -52,6 +52,18 @@ NO_FAULTS: dict[str, Any] = {  # SimConfig fields: nothing dies, sticks, freezes
     "crash_loop_host_fraction": 0.0,
     "slow_host_fraction": 0.0,
 }
+# the same, as a config's `sim: {world: {...}}` flow mapping
+NO_FAULTS_YAML = ", ".join(f"{k}: {v}" for k, v in NO_FAULTS.items())
+# a rule that asks people about the fleet at every tick: an escalation a test can count on
+ASK_ABOUT_THE_FLEET = """\
+rules:
+  - name: ask-about-the-fleet
+    description: The operators look at the fleet themselves, every time.
+    when:
+      fleet: {instances: {gte: 0}}
+    then: {action: escalate, reason: "the fleet has {{ fleet.instances }} instance(s)"}
+    confidence: 0.9
+"""
 EXPECT = re.compile(r"^# expect: (\d+): (.+)$", re.MULTILINE)
 XFAIL = re.compile(r"^# xfail: (.+)$", re.MULTILINE)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from fakes.receiver import Receiver
-from support import NO_FAULTS
+from support import ASK_ABOUT_THE_FLEET, NO_FAULTS_YAML
 
 from controller.service.app import App
 from controller.service.assemble import assemble
@@ -20,16 +20,8 @@ from controller.service.tick import FAILURES_TO_ESCALATE
 from controller.store.backend import JournalError
 
 ROOT = Path(__file__).resolve().parents[2]
-ASKS = """\
-rules:
-  - name: ask-about-the-fleet
-    description: The operators look at the fleet themselves, every time.
-    when:
-      fleet: {instances: {gte: 0}}
-    then: {action: escalate, reason: "the fleet has {{ fleet.instances }} instance(s)"}
-    confidence: 0.9
-"""
-FAULTS = ", ".join(f"{k}: {v}" for k, v in NO_FAULTS.items())
+ASKS = ASK_ABOUT_THE_FLEET
+FAULTS = NO_FAULTS_YAML
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from aiosmtpd.controller import Controller as SMTPServer
 from aiosmtpd.smtp import SMTP, Envelope, Session
 from fakes.openai_server import FakeOpenAI
 from fakes.silent import Silent
-from support import NO_FAULTS
+from support import ASK_ABOUT_THE_FLEET, NO_FAULTS_YAML
 
 from controller.service.app import App
 from controller.service.assemble import assemble
@@ -32,16 +32,8 @@ from escalation.channels.base import ChannelError
 from escalation.outbox import Outbox
 
 ROOT = Path(__file__).resolve().parents[2]
-ASKS = """\
-rules:
-  - name: ask-about-the-fleet
-    description: The operators look at the fleet themselves, every time.
-    when:
-      fleet: {instances: {gte: 0}}
-    then: {action: escalate, reason: "the fleet has {{ fleet.instances }} instance(s)"}
-    confidence: 0.9
-"""
-FAULTS = ", ".join(f"{k}: {v}" for k, v in NO_FAULTS.items())
+ASKS = ASK_ABOUT_THE_FLEET
+FAULTS = NO_FAULTS_YAML
 
 
 def config(tmp_path: Path, escalation: str = "") -> Config:
