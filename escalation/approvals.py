@@ -117,6 +117,18 @@ def _default_params(esc: dict[str, Any], action: str) -> dict[str, Any]:
     return {}
 
 
+def same_escalation(journal: Journal, esc_id: int, fingerprint: str) -> None:
+    """ApprovalError unless escalation `esc_id` of `journal` has `fingerprint`: a printed
+    answer pinned to it answers nothing else (a journal replaced or restored under the
+    controller numbers its escalations its own way)."""
+    esc = journal.escalations.escalation(esc_id)
+    if esc is None or esc["fingerprint"] != fingerprint:
+        raise ApprovalError(
+            f"escalation #{esc_id} of this journal is not the one the message was about "
+            f"(fingerprint {fingerprint[:16]!r}): nothing answered; see the message"
+        )
+
+
 def deny(journal: Journal, esc_id: int, *, by: str, now: float) -> None:
     _pending(journal, esc_id, now)
     if not journal.escalations.answer(esc_id, status="denied", by=by, now=now, answer=None):

@@ -306,7 +306,10 @@ class Escalator:
         esc["routing"] = why
         # Approve runs what the message shows: its first proposal, saved with the escalation
         self.journal.meta.put(shown_key(esc_id), s.proposals[0] if s.proposals else None)
-        how = self.how(esc_id, proposed=bool(s.proposals))
+        # raised in a journal the controller lost: the id alone may name another escalation
+        # in the file on disk now, so the printed answers carry its fingerprint
+        pin = fp if s.key.get("problem") == "journal_lost" else None
+        how = self.how(esc_id, proposed=bool(s.proposals), fingerprint=pin)
         out = Notifier(channels, self.notifier.renderer).deliver(esc, how)
         for d in out:
             self.journal.escalations.add_delivery(esc_id, d.channel, now, d.ok, d.detail)
@@ -332,12 +335,15 @@ class Escalator:
                 errors.append(f"{getattr(channel, 'name', '?')}: {exc}")
         return errors
 
-    def how(self, esc_id: int, proposed: bool = True) -> dict[str, str]:
+    def how(self, esc_id: int, proposed: bool = True, fingerprint: str | None = None
+            ) -> dict[str, str]:  # fmt: skip
         """How to answer escalation `esc_id`, as messages print it. Without a proposal
         (`proposed` false) there is nothing for a bare approve to run: no approve by HTTP, and
-        the channels' Approve buttons are left out (the CLI line names `--action NAME`)."""
-        how = {"approve_cli": f"{self.cli_prefix} escalations approve {esc_id}",
-               "deny_cli": f"{self.cli_prefix} escalations deny {esc_id}"}  # fmt: skip
+        the channels' Approve buttons are left out (the CLI line names `--action NAME`). With
+        a `fingerprint`, the CLI lines answer only the escalation that has it."""
+        pin = f" --fingerprint {fingerprint}" if fingerprint else ""
+        how = {"approve_cli": f"{self.cli_prefix} escalations approve {esc_id}{pin}",
+               "deny_cli": f"{self.cli_prefix} escalations deny {esc_id}{pin}"}  # fmt: skip
         if self.answer_url:
             base = self.answer_url.rstrip("/")
             url = f"{base}/v1/escalations/{esc_id}/answer"

@@ -206,6 +206,9 @@ def _add_escalations(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         a = esc_sub.add_parser(name, help=what)
         a.add_argument("id", type=_whole(1))
         a.add_argument("--by", default=None, help="who answers (default: your user name)")
+        a.add_argument("--fingerprint", default=None, metavar="FP",
+                       help="answer only the escalation with this fingerprint (messages print "
+                       "it where the id alone could name another one)")  # fmt: skip
         if name == "approve":
             _add_approve_options(a)
 

@@ -205,6 +205,8 @@ def escalations(app: App, args: argparse.Namespace, by: str) -> int:
     """approve | deny (list and show read the journal alone: controller/service/offline.py)."""
     j, sub = app.journal, args.esc_command
     now = app.controller.clock()
+    if args.fingerprint is not None:
+        approvals.same_escalation(j, args.id, args.fingerprint)
     if sub == "deny":
         approvals.deny(j, args.id, by=by, now=now)
         app.controller.escalator.closed(args.id)

@@ -15,6 +15,9 @@ test sets, which is what a stepped host clock is.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -383,3 +386,37 @@ def test_ticks_failing_in_a_row_are_escalated_and_resolve_when_ticks_work(
     assert [t["finished_at"] is None for t in ticks] == [False, *failed, False]
     assert [e["status"] for e in escalations_about(app.journal, "controller")] == ["resolved"]
     assert c.failures == 0
+
+
+def test_the_answers_printed_for_a_lost_journal_answer_nothing_in_another(app: App) -> None:
+    """The lost journal's escalation #N is not #N of the file on disk now (a restore, another
+    controller's fresh journal): the printed deny, run as pasted, would have denied that
+    one. It carries the escalation's fingerprint and refuses."""
+    c = app.controller
+    for _ in range(3):
+        c.tick()
+    path = app.state / "journal.db"
+    remove_sqlite(path)
+    Journal(path).close()
+    for _ in range(2):
+        c.tick()
+    [lost] = escalations_about(app.journal, "journal")
+    [text] = [d["message"] for d in delivered(app, "acts on nothing until it is restarted")]
+    [deny] = [x.split(":", 1)[1].strip() for x in text.splitlines() if x.startswith("Deny:")]
+    assert deny.endswith(f"deny {lost['id']} --fingerprint {lost['fingerprint']}")
+    other = Journal(path)  # the file on disk: an escalation of its own under the same number
+    while (n := other.escalations.add_escalation(
+            fingerprint="other", kind="unmatched", subject="instance:9", summary="x", now=1.0,
+            deadline=4e9, situation={"kind": "unmatched"},
+            default_action={"action": "hold", "params": {}})) < lost["id"]:  # fmt: skip
+        pass
+    other.close()
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    run = subprocess.run(["bash", "-c", deny], env=env, cwd=app.state, capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert run.returncode == 2 and "not the one the message was about" in run.stderr, run
+    again = Journal(path)
+    try:
+        assert again.escalations.escalation(n)["status"] == "pending"  # type: ignore[index]
+    finally:
+        again.close()
