@@ -224,3 +224,17 @@ def test_a_fleet_and_budget_nothing_sensed_are_said_to_be_unknown(
     assert "Fleet:  " + format_kv(shown["fleet"]) + "\n" in r.render(
         "message.txt.j2", esc=shown, how=how
     )
+
+
+def test_a_situation_no_action_fits_prints_nothing_to_approve(
+    esc: dict[str, Any], how: dict[str, Any]
+) -> None:
+    """A lost journal, a clock step, ticks failing: only hold and notify are allowed, so an
+    `approve --action NAME` line invited an answer that could do nothing."""
+    bare = {**esc, "proposals": [], "allowed_actions": ["hold", "notify"]}
+    text = Renderer().render("message.txt.j2", esc=bare, how=how)
+    assert "Approve:  nothing to approve: no action of fleetgate's fits" in text
+    assert "--action NAME" not in text
+    some = {**bare, "allowed_actions": ["hold", "notify", "reboot"]}
+    text = Renderer().render("message.txt.j2", esc=some, how=how)
+    assert f"Approve:  {how['approve_cli']} --action NAME" in text
