@@ -206,3 +206,14 @@ def test_a_host_block_from_any_answer_is_at_most_thirty_days() -> None:
     for too_long in (30 * 86_400 + 1, 1e9, float("inf")):
         with pytest.raises(actions.ActionError):
             actions.validate("block_host", {"machine": "m1", "for": too_long})
+
+
+def test_a_notify_cooldown_holds_a_lasting_condition_to_one_notice_per_window() -> None:
+    """As the README says: `guards.cooldowns_s: {notify: 3600}`, one notice an hour."""
+    tell = act("notify", message="spend is high")
+    recent = History(last_acted={"notify:fleet": NOW - 600})
+    d = one(tell, ctx(hist=recent, cooldowns_s={"notify": 3600}))
+    assert (d.verdict, d.guard) == ("veto", "cooldown")
+    assert one(tell, ctx(hist=recent)).verdict == "act"  # no cooldown: every tick it matches
+    older = History(last_acted={"notify:fleet": NOW - 3700})
+    assert one(tell, ctx(hist=older, cooldowns_s={"notify": 3600})).verdict == "act"
