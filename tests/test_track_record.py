@@ -289,3 +289,25 @@ def test_answer_outcomes_compare_with_the_proposal_shown() -> None:
     verdicts = [track_record.answer_outcome(e, shown) for e in (same, other, denied, by_llm)]
     assert [v.verdict if v else None for v in verdicts] == ["unchanged", "changed", "denied", None]
     assert track_record.answer_outcome(same, None) is None  # nothing was proposed
+
+
+def test_retention_keeps_a_demotion_in_force(journal: Journal) -> None:
+    """A demotion holds until the gate changes, however old: the journal's retention (`run`'s
+    pruner, `fleetgate prune`) deleted its event with the fleet's old events, and the action
+    acted on its own again with the same gate."""
+    from controller.store.retention import count, prune
+
+    j, settings = journal, DecideSettings()
+    autonomy.review(j, settings, 1000.0)
+    esc = escalate(j, "low_confidence", 1100.0, {"action": "drain", "params": {"instance": "7"},
+                                                  "proposer": "rule:idle", "confidence": 0.5,
+                                                  "reason": "idle"})  # fmt: skip
+    approvals.deny(j, esc, by="ana", now=1150.0)
+    autonomy.review(j, settings, 1200.0)
+    assert gate(drain(), autonomy.in_force(j, settings)[0]).verdict == "ask"
+    later = 1200.0 + 100 * 86_400.0  # past the default 90 days
+    assert "events" not in count(j.store, later, 90)
+    prune(j.store, later, 90)
+    assert len(j.escalations.autonomy_events()) == 1
+    autonomy.review(j, settings, later)
+    assert gate(drain(), autonomy.in_force(j, settings)[0]).verdict == "ask"

@@ -5,9 +5,9 @@ calls), gigabytes a year; nothing a tick decides from looks back further than a 
 fleet's history: 3 h; the LLM budget: a day), so older rows are the record only. What is
 deleted, by its time column, older than `now - days`:
 
-    ticks, actions (finished ones; never an open intent or an unknown outcome), events,
-    llm_calls, llm_usage, rule_reloads, deliveries, escalations no longer pending, outbox
-    jobs done, demand_history.
+    ticks, actions (finished ones; never an open intent or an unknown outcome), events (not
+    an autonomy demotion), llm_calls, llm_usage, rule_reloads, deliveries, escalations no
+    longer pending, outbox jobs done, demand_history.
 
 A launch that rented an instance says that fleetgate owns it (vast may list it with an empty
 label), so it stays while the instance may still be listed: it goes once the instance's `gone`
@@ -20,7 +20,8 @@ What the deleted ticks, actions and LLM calls counted is added to the metrics' r
 in the transaction that deletes them (controller/store/totals.py), so no counter goes down.
 
 Kept whatever their age: the fleet's tracks and hosts (current state), the key/value store,
-the lease, replacements. `now` is the controller's clock (virtual on the simulator), passed in.
+the lease, replacements, the autonomy demotions (events that hold until the gate changes).
+`now` is the controller's clock (virtual on the simulator), passed in.
 
 1. each table in turn: delete up to `batch` of its old rows in one short transaction (the
    controller's own writes wait at most one batch), until fewer than `batch` are left;
@@ -55,7 +56,7 @@ RULES: tuple[tuple[str, str], ...] = (
     ("actions", "at < ? AND status NOT IN ('intent', 'unknown') "
                 "AND NOT (action = 'launch' AND status = 'ok' AND parent_id IS NOT NULL)"),
     (LAUNCHES, ""),  # launches that rented an instance which went before the cutoff
-    ("events", "at < ?"),
+    ("events", "at < ? AND kind != 'autonomy_demoted'"),  # held until the gate changes
     ("llm_calls", "at < ?"),
     ("llm_usage", "at < ?"),
     ("rule_reloads", "at < ?"),
