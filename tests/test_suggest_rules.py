@@ -287,3 +287,16 @@ def test_the_rule_test_states_the_answered_facts() -> None:
     assert [f["id"] for f in c.tests] == ["1", "2", "3"]
     assert c.params_for(c.tests[0]) == {"instance": "1"}
     assert json.loads(json.dumps(c.tests[0]))["status"] == "offline"
+
+
+def test_a_status_no_rule_can_name_teaches_nothing() -> None:
+    """vast's `actual_status` is whatever it sends: a status outside the closed set made a
+    candidate `fleetgate check` refuses ("not a value it takes"), and one with a line break in
+    it wrote lines of YAML of its own into the candidate's header comments."""
+    odd = ["inactive", "frozen\nnormal: {instance: {}}\n#"]
+    answers = [answer(n, fact(str(n), odd[n % 2]), "destroy") for n in range(1, 7)]
+    assert suggest.suggest(answers, min_answers=3, steady=HEALTHY) == []
+    # a known status among them still teaches, from its own answers only
+    answers += [answer(n, fact(str(n), "exited"), "destroy") for n in (7, 8, 9)]
+    [c] = suggest.suggest(answers, min_answers=3, steady=HEALTHY)
+    assert c.pattern == {"status": "exited"} and c.support == (7, 8, 9)

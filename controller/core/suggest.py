@@ -7,7 +7,9 @@ Escalations in (`Answer`s, one per escalation), candidate rules and their replay
    with the escalation holds the facts);
 2. per situation kind and subject kind (`instance`, `sensor`), group those answers by the
    subject's shape, from the most general (an instance's `status`) to the most specific
-   (`status`, `stage`, `daemon`, `sidecar`). A group whose answers all agree, with at least
+   (`status`, `stage`, `daemon`, `sidecar`); a value a rule cannot name (one outside the
+   field's closed set: a status vast sends that fleetgate does not know) is nothing to match
+   on, and its answers teach nothing. A group whose answers all agree, with at least
    `min_answers` of them, and whose shape does not describe a healthy fact, is a candidate; a
    group that disagrees (or describes a healthy fact) is split by the next field. At the most
    specific shape the answer most people gave is the candidate if it has `min_answers`; the
@@ -40,7 +42,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controller.core.facts import FIELDS
+from controller.core.facts import FIELDS, VALUES
 
 SHAPES: dict[str, tuple[str, ...]] = {
     "instance": ("status", "stage", "daemon", "sidecar"),
@@ -200,9 +202,12 @@ def _split(members: Sequence[Answer], skind: str, level: int, min_answers: int,
     for a in members:
         assert a.fact is not None
         by_shape.setdefault(tuple(a.fact.get(f) for f in fields), []).append(a)
+    closed = VALUES.get(skind, {})
     for shape, group in sorted(by_shape.items(), key=lambda kv: json.dumps(kv[0])):
         if any(not isinstance(v, str) or not v for v in shape):
             continue  # a field the facts lack: nothing to match on
+        if any(f in closed and v not in closed[f] for f, v in zip(fields, shape, strict=True)):
+            continue  # a value `check` refuses in a rule: nothing a rule can match on
         pattern = dict(zip(fields, shape, strict=True))
         ways = Counter(a.way for a in group if a.way is not None)
         top = ways.most_common(1)[0] if ways else None
