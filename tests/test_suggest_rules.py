@@ -300,3 +300,25 @@ def test_a_status_no_rule_can_name_teaches_nothing() -> None:
     answers += [answer(n, fact(str(n), "exited"), "destroy") for n in (7, 8, 9)]
     [c] = suggest.suggest(answers, min_answers=3, steady=HEALTHY)
     assert c.pattern == {"status": "exited"} and c.support == (7, 8, 9)
+
+
+def test_text_from_the_journal_is_written_as_yaml_that_reads_back_the_same() -> None:
+    """vast's `status_msg` and labels are any text: a DEL or a C1 control in one made the
+    printed rule test a file YAML refuses ("special character '\\x9b' is not allowed"), and a
+    NEL read back as a space; a name with a line break wrote a line of YAML of its own."""
+    from controller.service.suggest_cmd import rule_text, test_text
+
+    odd = "pull failed \x9b31m \x7f next\x85line\u2028sep \ud83d"
+    facts = [{**fact(str(n), "frozen"), "status_msg": odd, "label": f"fg-{n}\x85"}
+             for n in (1, 2, 3)]  # fmt: skip
+    answers = [answer(n, facts[n - 1], "replace") for n in (1, 2, 3)]
+    answers.append(answer(4, fact("4", "frozen"), "destroy", by="bob\nnormal: {instance: {}}"))
+    [c] = suggest.suggest(answers, min_answers=3, steady=HEALTHY)
+    doc = yaml.safe_load(test_text(c))
+    assert [t["facts"][0]["status_msg"] for t in doc["tests"][:3]] == [odd] * 3
+    assert [t["facts"][0]["label"] for t in doc["tests"][:3]] == [f["label"] for f in facts]
+    text = rule_text(c)
+    assert set(yaml.safe_load(text)) == {"rules"}
+    head = text.split("rules:\n")[0].splitlines()
+    assert all(line.startswith("# ") for line in head)
+    assert any("bob\\u000anormal" in line for line in head)

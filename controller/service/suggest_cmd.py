@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,12 @@ from controller.rules.ruletest import DEFAULTS
 from controller.service import offline
 from controller.store.journal import Journal
 from escalation import approvals
+
+# What YAML refuses in a file (DEL, C1 controls, lone surrogates, U+FFFE/F) or reads as a line
+# break (NEL, U+2028/9); JSON leaves them as they are
+_NOT_YAML = r"\x7f-\x9f\u2028\u2029\ud800-\udfff\ufffe\uffff"
+_UNSAFE = re.compile(f"[{_NOT_YAML}]")
+_UNSAFE_IN_COMMENT = re.compile(rf"[\x00-\x08\x0a-\x1f{_NOT_YAML}]")  # and line breaks
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -98,7 +105,7 @@ def rule_text(c: Candidate) -> str:
         then["reason"] = f"learned from answers to escalations {_ids(c.support)}"
     desc = (f"People answered {c.action} to {len(c.support)} {c.kind} escalations about "
             f"{c.subject_kind}s with {c.shape()} ({_ids(c.support)}).")  # fmt: skip
-    head = "\n".join(f"# {line}" for line in report(c))
+    head = "\n".join(f"# {_escaped(line, _UNSAFE_IN_COMMENT)}" for line in report(c))
     return (f"{head}\n# A candidate: review it, then copy it into a rules folder (its test "
             "into tests/). Nothing is adopted automatically.\n"
             "rules:\n"
@@ -127,8 +134,13 @@ def test_text(c: Candidate) -> str:
 
 
 def _flow(value: Any) -> str:
-    """A YAML flow value (JSON is YAML)."""
-    return json.dumps(value, ensure_ascii=False)
+    """A YAML flow value (JSON is YAML), what YAML would refuse or fold escaped as `\\uXXXX`
+    (they are only ever inside JSON's strings)."""
+    return _escaped(json.dumps(value, ensure_ascii=False), _UNSAFE)
+
+
+def _escaped(text: str, unsafe: re.Pattern[str]) -> str:
+    return unsafe.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def _ids(ids: tuple[int, ...]) -> str:
