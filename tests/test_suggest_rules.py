@@ -322,3 +322,18 @@ def test_text_from_the_journal_is_written_as_yaml_that_reads_back_the_same() -> 
     head = text.split("rules:\n")[0].splitlines()
     assert all(line.startswith("# ") for line in head)
     assert any("bob\\u000anormal" in line for line in head)
+
+
+def test_a_notify_message_with_braces_is_learned_as_the_text_people_approved() -> None:
+    """A literal text with `{{` in it (a message people approved, written by the LLM from a
+    label) became a template in the learned rule: it rendered each instance's own fields (or
+    the settings) into the message, and the rule failed its own test."""
+    from controller.rules.expr import compile_expr
+
+    said = 'ask vast about {{ instance.label }} and "{{ settings }}" \\ {{'
+    answers = [answer(n, fact(str(n), "frozen"), "notify", params={"message": said})
+               for n in (1, 2, 3)]  # fmt: skip
+    [c] = suggest.suggest(answers, min_answers=3, steady=HEALTHY)
+    message = compile_expr(c.params()["message"])
+    assert message.evaluate({"instance": {**fact("9", "frozen"), "label": "x"}}) == said
+    assert c.params_for(c.tests[0]) == {"message": said}

@@ -120,15 +120,17 @@ class Candidate:
         return self.way[0]
 
     def params(self) -> dict[str, Any]:
-        """The rule's `then` parameters: templates as text, literals as their values."""
-        return {k: v if v.startswith("{{") else json.loads(v) for k, v in self.way[1]}
+        """The rule's `then` parameters: templates as text, literals as their values (a text
+        with `{{` in it, which a rule would render as a template, as an expression that gives
+        the text back)."""
+        return {k: v if v.startswith("{{") else _literal(json.loads(v)) for k, v in self.way[1]}
 
     def params_for(self, fact: Mapping[str, Any]) -> dict[str, Any]:
         """What the rule proposes for `fact` (its templates filled in)."""
         out = {}
-        for key, value in self.params().items():
+        for key, value in self.way[1]:
             ref = _template_field(value)
-            out[key] = str(fact.get(ref)) if ref is not None else value
+            out[key] = str(fact.get(ref)) if ref is not None else json.loads(value)
         return out
 
     def shape(self) -> str:
@@ -278,6 +280,14 @@ def describe(way: Way) -> str:
 def _test_fact(skind: str, fact: Mapping[str, Any]) -> dict[str, Any]:
     """The subject's fact as a rule test states it: the fields a rule may name."""
     return {"kind": skind, **{k: fact[k] for k in sorted(fact) if k in FIELDS[skind]}}
+
+
+def _literal(value: Any) -> Any:
+    """`value` as a rule's parameter that evaluates to it: a text with `{{` in it as a jinja
+    string literal (JSON's escapes are jinja's), else as it is."""
+    if isinstance(value, str) and "{{" in value:
+        return "{{ " + json.dumps(value, ensure_ascii=False) + " }}"
+    return value
 
 
 def _template_field(value: Any) -> str | None:
