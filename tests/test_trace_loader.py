@@ -153,6 +153,14 @@ def test_simulate_reads_timestamps_filters_rows_and_floors_only_when_asked(
     (["--where", "state"], "--where: row filter 'state': expected COL=VALUE or COL!=VALUE"),
     (["--min-service-s", "90", "--max-service-s", "60"],
      "--min-service-s must be >= 0 and at most --max-service-s, got 90.0"),
+    # each was taken: a traceback once the horizon was counted in ticks, or nan service times
+    (["--days", "nan"], "--days must be a finite number, got nan"),
+    (["--days", "inf"], "--days must be a finite number, got inf"),
+    (["--time-scale", "inf"], "--time-scale must be a finite number, got inf"),
+    (["--deadline-s", "nan"], "--deadline-s must be a finite number, got nan"),
+    (["--min-service-s", "nan"], "--min-service-s must be a finite number, got nan"),
+    (["--service-scale", "nan"], "--service-scale must be a finite number, got nan"),
+    (["--cooldown-s", "nan"], "--cooldown-s must be a finite number, got nan"),
 ])  # fmt: skip
 def test_simulate_refuses_bad_loader_options(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                              option: list[str], message: str) -> None:  # fmt: skip

@@ -190,6 +190,10 @@ def _check(args: argparse.Namespace, config: Config) -> str:
         return (f"the config's provider is {config.provider!r} and demand {config.demand!r}; "
                 "simulate runs the built-in simulator (provider: sim, demand: sim)")  # fmt: skip
     names = ("days", "time_scale", "service_scale", "max_service_s", "deadline_s", "baseline_dph")
+    for name in (*names, "min_service_s", "cooldown_s", "answer_after_s"):
+        value = getattr(args, name)
+        if value is not None and not math.isfinite(value):  # nan passed every test below
+            return f"--{name.replace('_', '-')} must be a finite number, got {value!r}"
     for name in names:
         value = getattr(args, name)
         if value is not None and value <= 0:
