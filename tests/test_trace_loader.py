@@ -243,3 +243,21 @@ def test_simulate_replays_an_swf_log_with_its_own_columns(
     with pytest.raises(SystemExit) as refused:
         main(["simulate", "--trace", str(_swf(tmp_path)), "--format", "xml"])
     assert refused.value.code == 2 and "invalid choice: 'xml'" in capsys.readouterr().err
+
+
+# --- files as other tools write them
+
+
+def test_a_byte_order_mark_and_crlf_lines_are_read_as_the_plain_file(tmp_path: Path) -> None:
+    # as a spreadsheet saves "CSV UTF-8": a byte order mark before the header, CRLF lines; the
+    # mark was read into the first column's name ("no column 'id'" for a header showing id)
+    text = "\ufeff" + REQUESTS.replace("\n", "\r\n")
+    plain = _load(_requests(tmp_path))
+    marked = tmp_path / "marked.csv"
+    marked.write_bytes(text.encode())
+    assert _load(marked) == plain
+    assert _load(marked, where=[RowFilter.parse("id!=a")]) == _load(
+        _requests(tmp_path), where=[RowFilter.parse("id!=a")])  # fmt: skip
+    packed = tmp_path / "marked.csv.gz"
+    packed.write_bytes(gzip.compress(text.encode()))
+    assert _load(packed) == plain

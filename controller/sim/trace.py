@@ -252,12 +252,13 @@ def resolve(path: str | Path) -> Path:
 
 
 def _open(path: Path) -> io.TextIOBase:
-    """The file as text, decompressed when it is gzip."""
+    """The file as UTF-8 text (a byte order mark at its start dropped), decompressed when it is
+    gzip."""
     with path.open("rb") as probe:
         compressed = probe.read(2) == _GZIP
     if compressed:
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
-    return path.open(newline="", encoding="utf-8")
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig", newline="")
+    return path.open(newline="", encoding="utf-8-sig")
 
 
 def _records(path: Path, fmt: str = "csv") -> Iterator[tuple[str, dict[str, str]]]:
