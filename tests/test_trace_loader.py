@@ -261,3 +261,22 @@ def test_a_byte_order_mark_and_crlf_lines_are_read_as_the_plain_file(tmp_path: P
     packed = tmp_path / "marked.csv.gz"
     packed.write_bytes(gzip.compress(text.encode()))
     assert _load(packed) == plain
+
+
+def test_a_damaged_gzip_stream_is_named_as_a_cut_off_one_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    packed = bytearray(gzip.compress(REQUESTS.encode()))
+    packed[10] = 0xFF  # the first deflate block's type: 3, which none is (zlib.error, a traceback)
+    damaged = tmp_path / "requests.csv.gz"
+    damaged.write_bytes(bytes(packed))
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(damaged))}: not a readable gzip file"):
+        _load(damaged)
+    cut = tmp_path / "cut.csv.gz"
+    cut.write_bytes(gzip.compress(REQUESTS.encode())[:-12])
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(cut))}: not a readable gzip file"):
+        _load(cut)
+    argv = ["simulate", "--trace", str(damaged), "--report", str(tmp_path / "r")]
+    assert main(argv) == 2
+    assert "requests.csv.gz: not a readable gzip file" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

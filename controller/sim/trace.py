@@ -36,6 +36,7 @@ import csv
 import gzip
 import io
 import math
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, tzinfo
@@ -296,7 +297,7 @@ def _lines(handle: io.TextIOBase, path: Path) -> Iterator[str]:
     """The file's lines; a damaged or cut-off gzip stream is a ValueError naming the file."""
     try:
         yield from handle
-    except (EOFError, gzip.BadGzipFile) as exc:
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
         raise ValueError(f"{path}: not a readable gzip file ({exc})") from None
 
 
