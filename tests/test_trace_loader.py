@@ -263,6 +263,24 @@ def test_a_byte_order_mark_and_crlf_lines_are_read_as_the_plain_file(tmp_path: P
     assert _load(packed) == plain
 
 
+def test_bytes_that_are_not_utf8_name_the_file_and_the_line(tmp_path: Path) -> None:
+    # a row written as Latin-1 past the reader's first block: the error named neither the file
+    # nor the line ("'utf-8' codec can't decode byte 0xe9 in position 6")
+    rows = "".join(f"r{n},2024-11-15 16:57:50,2024-11-15 16:58:10,ok,1\n" for n in range(400))
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes(
+        ("id,submitted,finished,state,gpus\n" + rows).encode()
+        + "caf\xe9,2024-11-15 17:00:00,2024-11-15 17:00:45,ok,1\n".encode("latin-1")
+    )
+    where = re.escape(str(latin))
+    with pytest.raises(ValueError, match=rf"^{where}:402: not UTF-8 text \(byte 0xe9\); save"):
+        _load(latin)
+    packed = tmp_path / "latin.csv.gz"
+    packed.write_bytes(gzip.compress(latin.read_bytes()))
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(packed))}:402: not UTF-8 text"):
+        _load(packed)
+
+
 def test_a_damaged_gzip_stream_is_named_as_a_cut_off_one_is(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -294,11 +294,31 @@ def _swf_record(line: str, where: str) -> dict[str, str]:
 
 
 def _lines(handle: io.TextIOBase, path: Path) -> Iterator[str]:
-    """The file's lines; a damaged or cut-off gzip stream is a ValueError naming the file."""
+    """The file's lines; a damaged or cut-off gzip stream is a ValueError naming the file, and
+    bytes that are not UTF-8 one naming its line."""
     try:
         yield from handle
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
         raise ValueError(f"{path}: not a readable gzip file ({exc})") from None
+    except UnicodeDecodeError as exc:
+        bad = exc.object[exc.start : exc.start + 1].hex()
+        raise ValueError(f"{path}:{_undecodable_line(path)}: not UTF-8 text (byte 0x{bad}); "
+                         "save the trace as UTF-8") from None  # fmt: skip
+
+
+def _undecodable_line(path: Path) -> int:
+    """The number of the first line of `path` that is not UTF-8 (the text reader decodes a
+    block at a time, so its error tells no line)."""
+    with path.open("rb") as probe:
+        compressed = probe.read(2) == _GZIP
+    lineno = 0
+    with gzip.open(path, "rb") if compressed else path.open("rb") as raw:
+        for lineno, line in enumerate(raw, start=1):  # noqa: B007 (the last one is returned)
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                return lineno
+    return lineno
 
 
 def _number(record: dict[str, str], column: str, where: str) -> float:
