@@ -368,8 +368,26 @@ def test_the_faults_add_work_no_policy_avoids_a_task_lost_runs_again_from_its_st
     both = fault_rework([14400.0, 60.0], 0.095)
     assert both == pytest.approx((14400 * 0.2165 + 60 * 0.0008) / 14460, abs=1e-4)
     assert fault_rework([], 0.095) == 0.0 and fault_rework([600.0], 0.0) == 0.0
+    # past any float (e^(0.095 x 8760) for a year-long task): inf, not an OverflowError
+    assert fault_rework([60.0, 365 * 86400.0], 0.095) == math.inf
     # the simulator's defaults, and the world without faults that BENCHMARKS.md judges in
     assert task_hazard_per_h(SimConfig()) == pytest.approx(0.095)
     calm = yaml.safe_load((ROOT / "controller" / "examples" / "simulate-no-faults.yaml"
                            ).read_text())["sim"]["world"]  # fmt: skip
     assert task_hazard_per_h(SimConfig.model_validate(calm)) == 0.0
+
+
+def test_a_task_too_long_to_count_its_rework_still_gets_its_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # an SWF log as the archive has them, one run time the 32-bit maximum (68 years): the
+    # faults' expected rework overflowed after the whole replay, and no report was written
+    log = tmp_path / "cluster.swf"
+    log.write_text("; one job's run time is 2^31 - 1\n"
+                   "1 100 5 600 16 590 -1 16 3600 -1 1 1 1 1 1 -1 -1 -1\n"
+                   "2 160 0 2147483647 1 39 -1 1 600 -1 1 2 2 2 1 -1 -1 -1\n")  # fmt: skip
+    out = tmp_path / "r"
+    assert main(["simulate", "--trace", str(log), "--days", "0.02", "--report", str(out)]) == 0
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["tasks"] == 2 and doc["faults"]["rework"] is None
+    assert "past counting (it would almost never run to its end)" in capsys.readouterr().out

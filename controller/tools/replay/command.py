@@ -170,9 +170,10 @@ def simulate(args: argparse.Namespace) -> int:
         ]
         meta = _meta(args, scales, tasks, ticks, seed, run)
         hazard = task_hazard_per_h(SimConfig.model_validate(config.sim.world))
+        rework = fault_rework([t.service_s for t in tasks], hazard)
         meta["faults"] = {
             "task_hazard_per_h": round(hazard, 6),
-            "rework": round(fault_rework([t.service_s for t in tasks], hazard), 4),
+            "rework": round(rework, 4) if math.isfinite(rework) else None,  # None: past counting
         }
         png = chart.draw(out / "simulate.png", outcomes, _title(args, meta))
         meta["wall_s"] = {"total": round(time.perf_counter() - started, 2),

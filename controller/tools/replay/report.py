@@ -147,10 +147,13 @@ def _faults_line(f: dict[str, Any] | None) -> str:
     """What the world's faults cost any policy, which the oracles never pay."""
     if not f or not f.get("task_hazard_per_h"):
         return "faults: none lose a running task in this world (as in the oracles)"
+    added = (f"+{100 * f['rework']:.1f} % of this trace's task time in expectation"
+             if f["rework"] is not None else "a task of this trace is so long that the time "
+             "it takes in expectation is past counting (it would almost never run to its end)"
+             )  # fmt: skip
     return (f"faults: a running task is lost at {f['task_hazard_per_h']:g}/h (daemon deaths, "
-            f"exits, hosts gone, freezes) and runs again from its start: +{100 * f['rework']:.1f} "
-            f"% of this trace's task time in expectation, whatever the policy; the oracles meet "
-            f"no fault")  # fmt: skip
+            f"exits, hosts gone, freezes) and runs again from its start: {added}, whatever the "
+            f"policy; the oracles meet no fault")  # fmt: skip
 
 
 def _answers(answers: dict[str, int], doc: dict[str, Any]) -> str:

@@ -144,9 +144,14 @@ def fault_rework(service_s: Sequence[float], hazard_per_h: float) -> float:
     """The share of task time the faults add in expectation: a task lost at `hazard_per_h` (a
     constant hazard while it runs) is run again from its start, so a task of s seconds takes
     (e^(ls) - 1) / l in all (l the hazard a second), whatever runs it. The oracles meet no
-    fault; no policy avoids these. 0.0 without tasks or hazard."""
+    fault; no policy avoids these. 0.0 without tasks or hazard; inf when a task is so long that
+    its expectation is past any float (at 0.095/h, from about 311 days)."""
     total = sum(service_s)
     rate = hazard_per_h / 3600.0
     if total <= 0 or rate <= 0:
         return 0.0
-    return sum(math.expm1(rate * s) / rate for s in service_s) / total - 1.0
+    try:
+        taken = sum(math.expm1(rate * s) / rate for s in service_s)
+    except OverflowError:
+        return math.inf
+    return taken / total - 1.0
