@@ -212,6 +212,17 @@ def test_bench_soak_runs_the_controller_run_builds_on_a_world_that_churns(
     assert set(doc["escalations_answered"]) == {"approved", "denied"}
 
 
+@pytest.mark.parametrize("argv", [
+    ["sim", "--ticks", "0"], ["sim", "--ticks", "-3"],  # statistics.StatisticsError: no median
+    ["soak", "--ticks", "0"],  # StopIteration: 0 read as "not given"
+    ["soak", "--path", "synthetic", "--ticks", "0"],
+    ["soak", "--ticks", "5", "--instances", "5", "--sample-every", "0"],  # ZeroDivisionError
+])  # fmt: skip
+def test_bench_refuses_a_count_of_zero(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", *argv]) == 2
+    assert "must be >= 1" in capsys.readouterr().err
+
+
 def test_bench_soak_refuses_churn_on_the_real_path(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "soak", "--ticks", "5", "--churn", "3"]) == 2
     assert "--churn is for --path synthetic" in capsys.readouterr().err

@@ -382,7 +382,8 @@ def _soak(args: argparse.Namespace, config: Config) -> int:
     every = args.sample_every
     if every is None and ticks is not None:
         every = max(ticks // 10, 1)
-    if min(ticks or 1, instances, every or 1) < 1 or (args.churn or 0) < 0:
+    given = [n for n in (ticks, instances, every) if n is not None]  # 0 is given, not None
+    if min(given) < 1 or (args.churn or 0) < 0:
         print("fleetgate: --ticks, --instances, --sample-every must be >= 1, --churn >= 0",
               file=sys.stderr)  # fmt: skip
         return 2
@@ -436,6 +437,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "bench":
         from controller.tools.bench.sim import bench_sim, render
 
+        if args.ticks < 1:
+            print(f"fleetgate: --ticks must be >= 1, got {args.ticks}", file=sys.stderr)
+            return 2
         result = bench_sim(config, args.ticks, args.seed)
         _emit(result) if args.json else print(render(result))
         return 0
