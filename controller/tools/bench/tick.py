@@ -304,7 +304,10 @@ def render_tick(doc: dict[str, Any]) -> str:
 
 
 def parse_sizes(text: str) -> list[int]:
-    sizes = [int(s) for s in text.split(",") if s.strip()]
+    try:
+        sizes = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:  # int's own words named neither the option nor what it wants
+        sizes = []
     if not sizes or any(n < 1 for n in sizes):
         raise ValueError(f"--instances wants positive counts separated by commas, not {text!r}")
     return sizes
