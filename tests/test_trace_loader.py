@@ -298,3 +298,20 @@ def test_a_damaged_gzip_stream_is_named_as_a_cut_off_one_is(
     assert main(argv) == 2
     assert "requests.csv.gz: not a readable gzip file" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_a_field_past_the_csv_readers_limit_names_the_file_and_the_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a pod's spec kept whole in a column: csv.Error is no ValueError, and simulate's traceback
+    # named no line
+    trace = tmp_path / "pods.csv"
+    trace.write_text("spec,creation_time,deletion_time,num_gpu\n{},0,10,1\n"
+                     f'"{{{"x" * 200_000}}}",5,20,1\n')  # fmt: skip
+    where = re.escape(str(trace))
+    with pytest.raises(ValueError, match=rf"^{where}:3: not a CSV row the reader takes \(field "
+                       r"larger than field limit"):  # fmt: skip
+        load_trace(trace)
+    assert main(["simulate", "--trace", str(trace), "--report", str(tmp_path / "r")]) == 2
+    assert f"{trace}:3: not a CSV row" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

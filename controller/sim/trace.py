@@ -275,7 +275,10 @@ def _records(path: Path, fmt: str = "csv") -> Iterator[tuple[str, dict[str, str]
                 continue
             if not line.strip() or line.lstrip().startswith("#"):
                 continue
-            fields = next(csv.reader([line]))
+            try:
+                fields = next(csv.reader([line]))
+            except csv.Error as exc:  # a field past csv's limit (128 KiB): not a ValueError
+                raise ValueError(f"{where}: not a CSV row the reader takes ({exc})") from None
             if header is None:
                 header = [f.strip() for f in fields]
                 continue
