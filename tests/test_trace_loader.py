@@ -315,3 +315,23 @@ def test_a_field_past_the_csv_readers_limit_names_the_file_and_the_line(
     assert main(["simulate", "--trace", str(trace), "--report", str(tmp_path / "r")]) == 2
     assert f"{trace}:3: not a CSV row" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_a_quoted_field_may_hold_commas_and_line_breaks(tmp_path: Path) -> None:
+    # a job's command line kept in a column, as csv writers quote it: the second line of the
+    # field was read as a row of one field ("expected 5 fields, got 1")
+    trace = tmp_path / "jobs.csv"
+    trace.write_text(
+        'id,command,creation_time,deletion_time,num_gpu\n'
+        'a,"prove --sector 1, --fast",0,10,1\n'
+        'b,"prove \\\n\n# still the command\n  --sector 2",5,20,1\n'
+        '\n# a comment between rows\n'
+        'c,prove,7,9,1\n'
+        'd,"prove\n --sector 4",8,x,1\n'
+    )  # fmt: skip
+    assert load_trace(trace, limit=3) == [TraceTask(0.0, 10.0), TraceTask(5.0, 15.0),
+                                          TraceTask(7.0, 2.0)]  # fmt: skip
+    kept = load_trace(trace, where=[RowFilter.parse("id!=d"), RowFilter.parse("command!=prove")])
+    assert kept == [TraceTask(0.0, 10.0), TraceTask(5.0, 15.0)]
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(trace))}:10: deletion_time 'x' is"):
+        load_trace(trace)  # the row is named by its first line

@@ -4,8 +4,9 @@ The reference trace is Alibaba's `openb_pod_list_default.csv` (cluster-trace-gpu
 al., USENIX ATC 2023): one row per task with `creation_time` and `deletion_time` in seconds from
 the trace start and `num_gpu`. Other CSVs name their own columns: an arrival time and either
 an end time (`end_col`) or a duration (`service_col`, seconds). Blank lines and lines starting
-with `#` are skipped; errors name `path:line`. A gzip-compressed file (`.csv.gz`, known by its
-first bytes) is read as it is.
+with `#` are skipped between rows (a quoted field may hold commas and line breaks); errors name
+`path:line`, a row's first line. A gzip-compressed file (`.csv.gz`, known by its first bytes)
+is read as it is.
 
 The Standard Workload Format of the Parallel Workloads Archive (`.swf`, or `fmt="swf"`; the
 archive's cluster logs, and those packages ship) is read too: `;` comment lines, then 18
@@ -263,28 +264,50 @@ def _open(path: Path) -> io.TextIOBase:
 
 
 def _records(path: Path, fmt: str = "csv") -> Iterator[tuple[str, dict[str, str]]]:
-    """("path:line", {column: value}) for every data row, comments and blank lines skipped."""
+    """("path:line", {column: value}) for every data row, comments and blank lines skipped; a
+    CSV row whose quoted field holds a line break is read whole, named by its first line."""
     header: list[str] | None = None
     path = resolve(path)
     with _open(path) as handle:
-        for lineno, line in enumerate(_lines(handle, path), start=1):
-            where = f"{path}:{lineno}"
-            if fmt == "swf":
+        numbered = enumerate(_lines(handle, path), start=1)
+        if fmt == "swf":
+            for lineno, line in numbered:
                 if line.strip() and not line.lstrip().startswith(";"):
-                    yield where, _swf_record(line, where)
-                continue
-            if not line.strip() or line.lstrip().startswith("#"):
-                continue
-            try:
-                fields = next(csv.reader([line]))
-            except csv.Error as exc:  # a field past csv's limit (128 KiB): not a ValueError
-                raise ValueError(f"{where}: not a CSV row the reader takes ({exc})") from None
+                    yield f"{path}:{lineno}", _swf_record(line, f"{path}:{lineno}")
+            return
+        for lineno, fields in _csv_rows(numbered, path):
+            where = f"{path}:{lineno}"
             if header is None:
                 header = [f.strip() for f in fields]
                 continue
             if len(fields) != len(header):
                 raise ValueError(f"{where}: expected {len(header)} fields, got {len(fields)}")
             yield where, dict(zip(header, fields, strict=True))
+
+
+def _csv_rows(numbered: Iterator[tuple[int, str]], path: Path) -> Iterator[tuple[int, list[str]]]:
+    """(first line, fields) of each CSV row, blank and `#` lines between rows skipped (inside a
+    quoted field they are its text)."""
+    first = 0  # the line the row being read starts on; 0 between rows
+
+    def between_rows() -> Iterator[str]:
+        nonlocal first
+        for lineno, line in numbered:
+            if not first and (not line.strip() or line.lstrip().startswith("#")):
+                continue
+            first = first or lineno
+            yield line
+
+    reader = csv.reader(between_rows())
+    while True:
+        try:
+            fields = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:  # a field past csv's limit (128 KiB): not a ValueError
+            raise ValueError(f"{path}:{first}: not a CSV row the reader takes ({exc})") from None
+        yield first, fields
+        first = 0
 
 
 def _swf_record(line: str, where: str) -> dict[str, str]:
