@@ -335,3 +335,22 @@ def test_a_quoted_field_may_hold_commas_and_line_breaks(tmp_path: Path) -> None:
     assert kept == [TraceTask(0.0, 10.0), TraceTask(5.0, 15.0)]
     with pytest.raises(ValueError, match=rf"^{re.escape(str(trace))}:10: deletion_time 'x' is"):
         load_trace(trace)  # the row is named by its first line
+
+
+def test_times_past_a_floats_range_once_scaled_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # each number is finite, their difference or its scaling is not: simulate ended in an
+    # OverflowError counting the horizon in ticks
+    trace = tmp_path / "huge.csv"
+    trace.write_text("creation_time,deletion_time,num_gpu\n-1e308,0,1\n1e308,1e308,1\n")
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(trace))}: its times, x the time and "
+                       "service scales, are past any number of seconds"):  # fmt: skip
+        load_trace(trace)
+    trace.write_text("creation_time,deletion_time,num_gpu\n0,10,1\n1e300,1e300,1\n")
+    assert load_trace(trace)[-1] == TraceTask(1e300, 0.0)
+    argv = ["simulate", "--trace", str(trace), "--time-scale", "1e10", "--report",
+            str(tmp_path / "r")]  # fmt: skip
+    assert main(argv) == 2
+    assert "huge.csv: its times, x the time and service scales" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

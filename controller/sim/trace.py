@@ -222,6 +222,9 @@ def load_trace(
         TraceTask((start - first) * time_scale, min(cap, max(floor, life * service_scale)))
         for start, life in rows
     ]
+    if not all(math.isfinite(t.arrival_s) and math.isfinite(t.service_s) for t in tasks):
+        raise ValueError(f"{resolve(path)}: its times, x the time and service scales, are past "
+                         "any number of seconds (a float's range)")  # fmt: skip
     return sorted(tasks, key=lambda t: t.arrival_s)
 
 
