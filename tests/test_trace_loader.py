@@ -171,6 +171,27 @@ def test_simulate_refuses_bad_loader_options(tmp_path: Path, capsys: pytest.Capt
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize(
+    "option",
+    [
+        ["--max-service-s", "600"],
+        ["--where", "state!=failed"],
+        ["--tz", "Europe/Berlin"],
+        ["--time-scale", "2"],
+    ],
+)
+def test_a_generated_shape_refuses_what_only_shapes_a_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: list[str]
+) -> None:
+    """Taken and ignored with --shape (report.json even recorded some as used)."""
+    argv = ["simulate", "--shape", "short", "--days", "0.05", *option, "--report",
+            str(tmp_path / "r")]  # fmt: skip
+    assert main(argv) == 2
+    assert f"{option[0]}: for a trace file only; --shape generates its tasks" in (
+        capsys.readouterr().err)  # fmt: skip
+    assert not (tmp_path / "r").exists()
+
+
 # --- the Standard Workload Format (the Parallel Workloads Archive's logs)
 
 # a log as the archive writes one: `;` header comments, then 18 fields a job; -1 is unknown

@@ -186,6 +186,12 @@ def simulate(args: argparse.Namespace) -> int:
         return 0
 
 
+# the options that read or reshape a trace file (`--format` is `trace_format`)
+TRACE_ONLY = ("trace_format", "arrival_col", "end_col", "service_col", "time_format", "tz",
+              "where", "gpu_col", "time_scale", "service_scale", "min_service_s",
+              "max_service_s")  # fmt: skip
+
+
 def _check(args: argparse.Namespace, config: Config) -> str:
     if config.provider != "sim" or config.demand != "sim":
         return (f"the config's provider is {config.provider!r} and demand {config.demand!r}; "
@@ -201,6 +207,11 @@ def _check(args: argparse.Namespace, config: Config) -> str:
             return f"--{name.replace('_', '-')} must be > 0, got {value!r}"
     if args.cooldown_s < 0 or (args.answer_after_s is not None and args.answer_after_s < 0):
         return "--cooldown-s and --answer-after-s must be >= 0"
+    if args.shape:  # a generated shape reads no file: these would be ignored without a word
+        given = [f"--{name.replace('_', '-')}" for name in TRACE_ONLY
+                 if getattr(args, name) not in (None, [], "UTC")]  # fmt: skip
+        if given:
+            return f"{', '.join(given)}: for a trace file only; --shape generates its tasks"
     low, high = args.min_service_s, args.max_service_s
     if low is not None and (low < 0 or (high is not None and low > high)):
         return f"--min-service-s must be >= 0 and at most --max-service-s, got {low!r}"
