@@ -470,14 +470,21 @@ class PostgresStore:
         with self._lock:
             return _PgTx(self._connect(), self.where).execute(sql, args).rows
 
+    # Schema changes run once, at start, without the statement bound: an index added to a
+    # journal of millions of rows, or another controller holding the schema lock while it
+    # builds one, may take longer, and a bounded one would fail every start after an upgrade.
+    UNBOUNDED = "SELECT set_config('statement_timeout', '0', true)"
+
     def create(self, ddl: Sequence[str]) -> None:
         with self.tx() as db:
+            db.execute(self.UNBOUNDED)
             db.execute("SELECT pg_advisory_xact_lock(hashtext('fleetgate schema'))")
             for statement in ddl:
                 db.execute(statement)
 
     def add_column(self, table: str, column: str, decl: str) -> None:
         with self.tx() as db:
+            db.execute(self.UNBOUNDED)
             db.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {decl}")
 
     def others_version(self) -> int | None:

@@ -147,6 +147,22 @@ def test_a_postgresql_statement_blocked_elsewhere_fails_in_bounded_time() -> Non
         store.close()
 
 
+def test_a_postgresql_schema_change_at_start_is_not_bounded_by_the_statement_timeout() -> None:
+    """An index added to a large journal at an upgrade's first start takes as long as it
+    takes: bounded like a tick's statements, it failed every start. The bound holds again
+    after it (set for the schema change's transaction only)."""
+    schema = "fg_test_slow_ddl_" + os.urandom(4).hex()
+    store = PostgresStore(PG_DSN, schema, statement_timeout_s=0.2)
+    try:
+        store.create(["SELECT pg_sleep(0.5)", "CREATE TABLE IF NOT EXISTS slow (id INTEGER)"])
+        store.add_column("slow", "note", "TEXT")
+        with pytest.raises(JournalError, match="statement timeout"):
+            store.query("SELECT pg_sleep(0.5)", ())
+    finally:
+        store.drop()
+        store.close()
+
+
 def test_a_postgresql_journal_drops_a_silent_server_within_a_minute() -> None:
     """A server gone without a word (a partition, a host powered off) left the connection
     waiting for an answer forever (the system's keepalive starts after two hours): libpq's
