@@ -192,6 +192,22 @@ def test_a_generated_shape_refuses_what_only_shapes_a_trace(
     assert not (tmp_path / "r").exists()
 
 
+def test_a_trace_whose_span_is_years_runs_only_when_days_asks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One arrival at epoch 0 beside 2024's (or milliseconds read as seconds): a run of decades,
+    hours of wall time, without a word. Refused without --days; --days runs what it asks."""
+    trace = tmp_path / "outlier.csv"
+    trace.write_text("creation_time,deletion_time,num_gpu\n0,60,1\n1700000000,1700000060,1\n")
+    report = tmp_path / "r"
+    assert main(["simulate", "--trace", str(trace), "--report", str(report)]) == 2
+    assert "the trace runs 19,676 days to its last arrival" in capsys.readouterr().err
+    assert not report.exists()
+    assert main(["simulate", "--trace", str(trace), "--days", "0.05", "--report",
+                 str(report)]) == 0  # fmt: skip
+    capsys.readouterr()
+
+
 # --- the Standard Workload Format (the Parallel Workloads Archive's logs)
 
 # a log as the archive writes one: `;` header comments, then 18 fields a job; -1 is unknown

@@ -303,11 +303,15 @@ def render_tick(doc: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+MAX_INSTANCES = 1_000_000  # a fleet in memory, built per size: past this it never ends
+
+
 def parse_sizes(text: str) -> list[int]:
     try:
         sizes = [int(s) for s in text.split(",") if s.strip()]
     except ValueError:  # int's own words named neither the option nor what it wants
         sizes = []
-    if not sizes or any(n < 1 for n in sizes):
-        raise ValueError(f"--instances wants positive counts separated by commas, not {text!r}")
+    if not sizes or any(not 1 <= n <= MAX_INSTANCES for n in sizes):
+        raise ValueError(f"--instances wants counts from 1 to {MAX_INSTANCES:,} separated by "
+                         f"commas, not {text[:60]!r}")  # fmt: skip
     return sizes
