@@ -19,6 +19,7 @@ tasks. Pure: no I/O, no clock; the RNG is made from the seed here.
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 from dataclasses import dataclass
@@ -71,11 +72,19 @@ def short_tasks(days: float, seed: int, shape: ShortShape | None = None) -> list
     top = p.peak_per_h + (p.burst_per_h if bursts else 0.0)  # the thinning's bound, per hour
     tasks: list[TraceTask] = []
     t = 0.0
+    started = 0  # bursts (sorted by start) begun by t; of them, those not yet over are `ends`
+    ends: list[float] = []
     while True:
         t += rng.expovariate(top / 3600.0)
         if t >= horizon:
             break
-        rate = p.base_rate_per_h(t) + sum(p.burst_per_h for b in bursts if b[0] <= t < b[1])
+        while started < len(bursts) and bursts[started][0] <= t:
+            heapq.heappush(ends, bursts[started][1])
+            started += 1
+        while ends and ends[0] <= t:
+            heapq.heappop(ends)
+        # one term a burst under way, added one by one as a sum over the bursts added them
+        rate = p.base_rate_per_h(t) + sum(p.burst_per_h for _ in ends)
         if rng.random() * top < rate:
             tasks.append(TraceTask(t, rng.uniform(p.service_min_s, p.service_max_s)))
     return tasks
