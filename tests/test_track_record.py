@@ -311,3 +311,43 @@ def test_retention_keeps_a_demotion_in_force(journal: Journal) -> None:
     assert len(j.escalations.autonomy_events()) == 1
     autonomy.review(j, settings, later)
     assert gate(drain(), autonomy.in_force(j, settings)[0]).verdict == "ask"
+
+
+def test_a_leader_that_takes_the_lease_again_reads_the_demotions_made_meanwhile(
+    tmp_path: Path,
+) -> None:
+    """The demotions are read once per process; one that led, stood by while another leader
+    demoted an action, and led again planned with what it had read before."""
+    from controller.service.config import Config
+    from controller.store.actions import Fence
+
+    a = assemble(Config(), state=tmp_path / "state", clock=lambda: 1000.0, sleep=lambda s: None)
+    try:
+        c, j = a.controller, a.controller.journal
+        j.actions.fence = Fence("leader", "this", 1)
+        autonomy.review(j, c.settings, 1000.0)
+        c.plan(1000.0)
+        assert c._autonomy["events"] == []
+        # meanwhile, the other leader: a person denied a drain, and it was demoted
+        esc = escalate(
+            j,
+            "low_confidence",
+            1100.0,
+            {
+                "action": "drain",
+                "params": {"instance": "7"},
+                "proposer": "rule:idle",
+                "confidence": 0.5,
+                "reason": "idle",
+            },
+        )
+        approvals.deny(j, esc, by="ana", now=1150.0)
+        autonomy.review(j, c.settings, 1200.0)  # with a memo of its own: another process
+        assert len(j.escalations.autonomy_events()) == 1
+        c.plan(1300.0)
+        assert c._autonomy["events"] == []  # the same term: nothing else wrote, by its lights
+        j.actions.fence = Fence("leader", "this", 3)  # the lease again, a later term
+        c.plan(1400.0)
+        assert [e["action"] for e in c._autonomy["events"]] == ["drain"]
+    finally:
+        a.close()

@@ -115,7 +115,13 @@ class Controller:
     def plan(self, now: float, extra: Sequence[Proposal] = ()) -> Planned:
         """Gather and plan: nothing is stored or changed."""
         holds = self.journal.rule_pending.load()  # since when each `for:` condition has held
-        # the track record's demotions in force (controller/service/autonomy.py)
+        # the track record's demotions in force (controller/service/autonomy.py), read again
+        # under a new lease term: another leader may have demoted an action meanwhile
+        fence = self.journal.actions.fence
+        term = None if fence is None else fence.token
+        if self._autonomy.get("term", term) != term:
+            self._autonomy.pop("events", None)
+        self._autonomy["term"] = term
         settings, self.escalator.gate = autonomy.in_force(self.journal, self.settings,
                                                           self._autonomy)  # fmt: skip
         return plan(self.gather(now), self.rules, settings, extra, self.debounce, holds)
