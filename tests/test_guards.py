@@ -71,6 +71,7 @@ def test_a_replace_the_caps_refuse_is_escalated_naming_the_instance() -> None:
     assert doubt.kind == "guard_veto" and doubt.summary == (
         "rule:r wants to replace instance i1, which needs room for 1 more instance(s), but "
         "max_instances allows none")  # fmt: skip
+    assert [f["id"] for f in doubt.facts] == ["i1"]  # its evidence, not "(no facts attached)"
     [_], [doubt] = guards.check([act("scale_to", count=9)], c)
     assert doubt.summary == "rule:r wants 4 more instance(s) but max_instances allows none"
 

@@ -109,14 +109,17 @@ def _launch(d: Decision, count: int, ctx: Context, b: _Budget, doubts: list[Doub
     if room <= 0:
         if limit in ("max_spend_per_hour", "max_instances"):
             p = d.proposal
+            one = p.action in ("replace", "start")  # of an instance: its fact is evidence
             what = (f"wants to {p.action} instance {p.params['instance']}, which needs room "
-                    f"for {count} more instance(s)," if p.action in ("replace", "start")
+                    f"for {count} more instance(s)," if one
                     else f"wants {count} more instance(s)")  # fmt: skip
+            inst = ctx.facts.get(str(p.params.get("instance"))) if one else None
             doubts.append(
                 Doubt(
                     "guard_veto",
                     "fleet",
                     f"{p.proposer} {what} but {limit} allows none",
+                    facts=(inst,) if inst is not None else (),
                     key={"guard": limit},
                     proposals=(d.proposal,),
                 )
