@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from controller.core.model import Demand, Instance
+from controller.fleet.base import LaunchRequest
 from controller.rules.engine import Engine
 from controller.rules.rulebook import Rulebook, load_texts
 from controller.rules.ruletest import DEFAULTS
@@ -288,3 +290,38 @@ rules:
     then: {action: escalate, reason: "the fleet has {{ fleet.instances }} instance(s)"}
     confidence: 0.9
 """
+
+
+class StillFleet:
+    """A provider and demand sensor that hold still: no instances, an empty queue, no launch,
+    every other action a no-op. A test's fleet overrides what it exercises."""
+
+    def list_instances(self) -> list[Instance]:
+        return []
+
+    def demand(self) -> list[Demand]:
+        return [Demand("all", 0, 0)]
+
+    def launch(self, request: LaunchRequest) -> str:
+        raise AssertionError("nothing is launched here")
+
+    def find_by_label(self, label: str) -> Instance | None:
+        return None
+
+    def destroy(self, instance_id: str) -> None: ...
+    def reboot(self, instance_id: str) -> None: ...
+    def restart_daemon(self, instance_id: str) -> None: ...
+    def drain(self, instance_id: str) -> None: ...
+    def undrain(self, instance_id: str) -> None: ...
+
+
+def fail_fleet_reads(monkeypatch: pytest.MonkeyPatch, journal: Journal) -> Callable[[], None]:
+    """Every tick's read of the fleet's history fails (a disk I/O error) until the returned
+    function puts the read back: ticks that fail in a row."""
+    history = journal.fleet.history
+
+    def failing(*args: Any) -> Any:
+        raise JournalError("journal (fleet): disk I/O error")
+
+    monkeypatch.setattr(journal.fleet, "history", failing)
+    return lambda: monkeypatch.setattr(journal.fleet, "history", history)

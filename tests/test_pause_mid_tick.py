@@ -16,10 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import BACKENDS, PG_DSN, journal_on
+from support import BACKENDS, PG_DSN, StillFleet, journal_on
 
 from controller.core.model import Demand, Instance
-from controller.fleet.base import LaunchRequest
 from controller.rules.source import RulesSource
 from controller.service.app import decide_settings
 from controller.service.config import Config
@@ -50,7 +49,7 @@ def pause(journal: Journal, tmp: Path) -> None:
     assert out.returncode == 0 and out.stdout.startswith("paused"), out.stdout + out.stderr
 
 
-class Fleet:
+class Fleet(StillFleet):
     """Two of the journal's instances whose daemon died (each a `restart_daemon`); `during`
     runs once, inside the listing (`"sense"`) or the first restart (`"act"`)."""
 
@@ -74,17 +73,6 @@ class Fleet:
 
     def demand(self) -> list[Demand]:
         return [Demand("PoRep", 0, 2), Demand("all", 0, 2)]
-
-    def launch(self, request: LaunchRequest) -> str:
-        raise AssertionError("nothing is launched here")
-
-    def find_by_label(self, label: str) -> Instance | None:
-        return None
-
-    def destroy(self, instance_id: str) -> None: ...
-    def reboot(self, instance_id: str) -> None: ...
-    def drain(self, instance_id: str) -> None: ...
-    def undrain(self, instance_id: str) -> None: ...
 
 
 @pytest.fixture(params=BACKENDS)

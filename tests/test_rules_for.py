@@ -16,13 +16,12 @@ import textwrap
 from contextlib import closing
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
-from support import BACKENDS, book_of, fact, journal_on
+from support import BACKENDS, StillFleet, book_of, fact, journal_on
 
 from controller.core.matches import Match
-from controller.core.model import Demand, Instance
+from controller.core.model import Demand
 from controller.rules.durations import parse_duration, show_duration
 from controller.rules.engine import Engine
 from controller.rules.hold import GAP_S, hold
@@ -57,29 +56,14 @@ START = 100_000.0
 STEP = 60.0  # a tick a minute
 
 
-class Queue:
+class Queue(StillFleet):
     """A fleet of no instances and a proving queue whose size the test sets."""
 
     def __init__(self) -> None:
         self.pending = 3
 
-    def list_instances(self) -> list[Instance]:
-        return []
-
     def demand(self) -> list[Demand]:
         return [Demand("PoRep", self.pending, 0), Demand("all", self.pending, 0)]
-
-    def launch(self, request: Any) -> str:
-        raise AssertionError("nothing is launched here")
-
-    def find_by_label(self, label: str) -> Instance | None:
-        return None
-
-    def destroy(self, instance_id: str) -> None: ...
-    def reboot(self, instance_id: str) -> None: ...
-    def restart_daemon(self, instance_id: str) -> None: ...
-    def drain(self, instance_id: str) -> None: ...
-    def undrain(self, instance_id: str) -> None: ...
 
 
 def controller(db: Path, rules: Path, clock: list[float], queue: Queue) -> Controller:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from fakes.receiver import Receiver
-from support import ASK_ABOUT_THE_FLEET, NO_FAULTS_YAML
+from support import ASK_ABOUT_THE_FLEET, NO_FAULTS_YAML, fail_fleet_reads
 
 from controller.service.app import App
 from controller.service.assemble import assemble
@@ -75,16 +75,11 @@ def test_an_escalation_that_clears_ends_its_alert_saying_so(
     try:
         c = app.controller
         c.tick()
-        history = app.journal.fleet.history
-
-        def failing(*args: Any) -> Any:
-            raise JournalError("journal (fleet): disk I/O error")
-
-        monkeypatch.setattr(app.journal.fleet, "history", failing)
+        restore = fail_fleet_reads(monkeypatch, app.journal)
         for _ in range(FAILURES_TO_ESCALATE):
             with pytest.raises(JournalError):
                 c.tick()
-        monkeypatch.setattr(app.journal.fleet, "history", history)
+        restore()
         c.tick()
         [esc] = [e for e in app.journal.escalations.recent() if e["subject"] == "controller"]
         assert esc["status"] == "resolved"

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import BACKENDS, PG_DSN, journal_on, peer
+from support import BACKENDS, PG_DSN, fail_fleet_reads, journal_on, peer
 
 from controller.service.app import App
 from controller.service.assemble import assemble
@@ -356,12 +356,7 @@ def test_ticks_failing_in_a_row_are_escalated_and_resolve_when_ticks_work(
 ) -> None:
     c = app.controller
     c.tick()
-    history = app.journal.fleet.history
-
-    def failing(*args: Any) -> Any:
-        raise JournalError("journal (fleet): disk I/O error")
-
-    monkeypatch.setattr(app.journal.fleet, "history", failing)
+    restore = fail_fleet_reads(monkeypatch, app.journal)
     for n in range(FAILURES_TO_ESCALATE):
         assert escalations_about(app.journal, "controller") == []
         with pytest.raises(JournalError):
@@ -379,7 +374,7 @@ def test_ticks_failing_in_a_row_are_escalated_and_resolve_when_ticks_work(
     with pytest.raises(JournalError):
         c.tick()  # still failing: the same escalation, not one per tick
     assert len(escalations_about(app.journal, "controller")) == 1
-    monkeypatch.setattr(app.journal.fleet, "history", history)
+    restore()
     c.tick()
     ticks = app.journal.meta.ticks(limit=100)
     failed = [True] * (FAILURES_TO_ESCALATE + 1)
