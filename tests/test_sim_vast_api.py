@@ -108,8 +108,9 @@ def test_sixty_instances_list_in_three_pages_with_exact_ids_and_only_vast_fields
 def test_foreign_instances_are_listed_hold_their_machines_and_never_change() -> None:
     r = rig(machines=5, foreign_instances=3)
     raw = r.raw()
-    assert [(v["label"], v["actual_status"]) for v in raw.values()] == [
-        ("jupyter", "running"), ("", "running"), ("old-prover", "stopped")]  # fmt: skip
+    assert [(v["label"], v["actual_status"], v["intended_status"]) for v in raw.values()] == [
+        ("jupyter", "running", "running"), ("", "running", "running"),
+        ("old-prover", "exited", "stopped")]  # fmt: skip
     held = {v["machine_id"] for v in raw.values()}
     offers = r.client.search_offers({"order": [["dph_total", "asc"]]})
     assert len(offers) == 2 and not held & {o["machine_id"] for o in offers}

@@ -619,3 +619,85 @@ def test_the_listing_carries_vasts_intended_status() -> None:
     raw = {"id": 7, "actual_status": "stopped", "intended_status": "running", "dph_total": 0.02}
     assert to_instance(raw).intended_status == "running"
     assert to_instance({"id": 8, "actual_status": "running"}).intended_status == ""
+
+
+# ---- a stopped instance as vast lists it ------------------------------------------------
+
+
+def test_a_stopped_instance_listed_exited_reads_as_stopped_and_a_dead_one_as_exited() -> None:
+    """vast's docs list a stopped instance `stopped`; instances stopped with `vastai stop
+    instance` have been reported listed `exited` with `intended_status: stopped`. Only a
+    container that exited while meant to run is dead."""
+
+    def status(actual: str | None, intended: str | None) -> str:
+        return to_instance({"id": 7, "actual_status": actual, "intended_status": intended}).status
+
+    assert status("exited", "stopped") == "stopped"
+    assert status("stopped", "stopped") == "stopped"
+    assert status("exited", "running") == "exited"
+    assert status("exited", None) == "exited"
+    assert status("stopped", "running") == "stopped"  # a start waiting for the host's GPUs
+
+
+def warm_engine() -> Any:
+    from controller.rules.engine import Engine
+    from controller.rules.source import read_rulebook
+
+    root = Path(__file__).parent.parent
+    folder = root / "controller" / "examples" / "warm-pool"
+    return Engine(read_rulebook([root / "rules" / "lifecycle.yaml", folder / "scaling.yaml"]))
+
+
+@pytest.mark.parametrize("stopped_as", ["stopped", "exited"])
+def test_a_parked_instance_is_kept_and_started_however_vast_lists_it_stopped(
+    fake: FakeVast, stopped_as: str
+) -> None:
+    """Parked through vast's API and listed back over HTTP, 10 minutes on: the lifecycle
+    rules do not destroy it as dead (an instance listed `exited` for 3 minutes), and the warm
+    pool's rule starts it for a burst. Read as vast's `actual_status` alone, the `exited`
+    listing was destroyed 3 minutes after every park."""
+    fake.stopped_as = stopped_as
+    iid = str(fake.add_instance(status="running", label="fg-x"))
+    with requests.Session() as session:
+        provider = vast_provider(fake, session)
+        [running] = provider.list_instances()
+        hist, _ = facts_at(History(), NOW, dataclasses.replace(running, stage="running"))
+        provider.stop(iid)
+        hist = History(instances=hist.instances, last_acted={f"stop:instance:{iid}": NOW + 10})
+        assert fake.instances[int(iid)]["actual_status"] == stopped_as
+        [listed] = provider.list_instances()
+    assert (listed.status, listed.intended_status) == ("stopped", "stopped")
+    listed = dataclasses.replace(listed, stage="running")
+    for at in (NOW + 60, NOW + 660):
+        hist, f = facts_at(hist, at, listed)
+    assert f[iid]["parked"] and f[iid]["status"] == "stopped" and f[iid]["status_for_s"] == 600
+    burst = fact("demand", "all", task="all", pending=10, running=0, forecast_instances=5,
+                 oldest_pending_s=0)  # fmt: skip
+    fired = {m.rule for m in warm_engine().match([*f.values(), burst], NOW + 660)}
+    assert "destroy-dead-instance" not in fired
+    assert "start-parked-for-proving-burst" in fired
+
+
+def test_the_simulator_lists_stopped_instances_both_ways_and_the_fleet_path_reads_them_stopped(
+    tmp_path: Path,
+) -> None:
+    """Two parked instances (consecutive ids): vast's object for one says `stopped`, for the
+    other `exited` with `intended_status: stopped`; the fleet path reads both as stopped."""
+    from sim_support import sim_fleet
+
+    from controller.sim import vast_views as views
+
+    s = sim(start_wait_per_h=0.0)
+    ids = [s.world.launch(f"fg-{k}", s.now()) for k in range(2)]
+    s.advance(4 * 3600)
+    journal = Journal(tmp_path / "j.db")
+    fleet, _, _ = sim_fleet(s, journal)
+    for iid in ids:
+        fleet.stop(iid)
+    listed = {i.id: i for i in fleet.list_instances()}
+    journal.close()
+    assert [listed[iid].status for iid in ids] == ["stopped", "stopped"]
+    objects = [views.instance(s.world.get(iid), s.world.machines[s.world.get(iid).machine_id],
+                              f"fg-{k}") for k, iid in enumerate(ids)]  # fmt: skip
+    shown = sorted((o["actual_status"], o["intended_status"]) for o in objects)
+    assert shown == [("exited", "stopped"), ("stopped", "stopped")]

@@ -7,6 +7,13 @@ of the wrong type is a SensorError naming the instance and the field: a listing 
 never read as a fleet. `number` reads vast's JSON numbers (which may come as strings) for the
 offer ranking too.
 
+A stopped instance: vast's documentation lists it `stopped`, and instances stopped with
+`vastai stop instance` have been reported listed `exited` with `intended_status: stopped`
+(SkyPilot's vast provisioner reads both as stopped and resumes either). `exited` alone means
+a container that died (vast's docs: it never comes back), and the lifecycle rules destroy it
+after 3 minutes; one whose owner stopped it is `stopped`, so that a parked instance is never
+read as dead.
+
 Pure: no HTTP, no clock.
 """
 
@@ -31,6 +38,9 @@ def to_instance(raw: Mapping[str, Any], unpriced_dph: float = 0.0) -> Instance:
     fleetgate pays), so that the spend cap never counts an instance as free."""
     iid = raw["id"]
     status = _text(raw, "actual_status") or "provisioning"
+    intended = _text(raw, "intended_status")
+    if status == "exited" and intended == "stopped":
+        status = "stopped"  # stopped by its owner, as vast has been seen to list it
     dph = number(raw.get("dph_total"))
     if dph is None or dph < 0:
         dph = unpriced_dph
@@ -52,7 +62,7 @@ def to_instance(raw: Mapping[str, Any], unpriced_dph: float = 0.0) -> Instance:
         dph=dph,
         status_msg=_text(raw, "status_msg").strip(),
         start_date=number(start),
-        intended_status=_text(raw, "intended_status"),
+        intended_status=intended,
     )
 
 

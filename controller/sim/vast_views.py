@@ -107,14 +107,27 @@ def instance(
     # stopped: it bills its disk only (shown as its price); a start waiting for the host's
     # GPUs ("scheduling") is stopped with intended status running
     storage = machine.storage_per_gb_h * disk_gb
-    intended = "running" if inst.start_at is not None else "stopped"
-    return {**row, "dph_total": round(storage, 4), "intended_status": intended}
+    if inst.start_at is not None:
+        return {**row, "dph_total": round(storage, 4), "intended_status": "running"}
+    return {**stopped_as_listed(row), "dph_total": round(storage, 4)}
 
 
 def foreign(inst: ForeignInstance, machine: Machine) -> dict[str, Any]:
     """An instance of the account that fleetgate did not launch."""
     msg = "" if inst.status == "stopped" else "success, running"
-    return _row(inst.id, machine, inst.label, inst.status, msg, inst.start_date)
+    row = _row(inst.id, machine, inst.label, inst.status, msg, inst.start_date)
+    return stopped_as_listed(row) if inst.status == "stopped" else row
+
+
+def stopped_as_listed(row: dict[str, Any]) -> dict[str, Any]:
+    """A stopped instance's object in both of the ways vast lists one: `stopped`, as its docs
+    say (even ids), and `exited` with `intended_status: stopped`, as instances stopped with
+    `vastai stop instance` have been reported listed (odd ids; SkyPilot's vast provisioner
+    reads both as stopped)."""
+    if row["id"] % 2 == 0:
+        return {**row, "actual_status": "stopped", "intended_status": "stopped"}
+    return {**row, "actual_status": "exited", "intended_status": "stopped",
+            "cur_state": "stopped"}  # fmt: skip
 
 
 @functools.lru_cache(maxsize=ROWS_CACHED)

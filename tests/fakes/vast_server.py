@@ -35,6 +35,9 @@ Instances' public address is loopback (a health check must never leave this mach
 `taken_hosts` holds instances whose host's GPUs someone else rented while they were stopped: a
 start answers as vast does then (HTTP 200, success false, "state change queued") and leaves the
 instance stopped with intended_status running until the test lets it run.
+`stopped_as = "exited"` lists a stopped instance as instances stopped with `vastai stop instance`
+have been reported listed (`actual_status: exited`, `intended_status: stopped`) instead of as
+vast's docs say (`stopped`).
 """
 
 from __future__ import annotations
@@ -159,6 +162,7 @@ class FakeVast:
         self.offers: dict[int, dict[str, Any]] = {o["id"]: dict(o) for o in offers or []}
         self._vanished: set[int] = set()
         self.taken_hosts: set[int] = set()  # instances a start leaves waiting (see above)
+        self.stopped_as = "stopped"  # or "exited" (see above)
         self._instances: dict[int, _Instance] = {}
         self._next_id = first_id
         self._faults: dict[str, deque[Fault]] = {}
@@ -207,6 +211,8 @@ class FakeVast:
             iid = self._new_id()
             machine = fields.pop("machine_id", iid % 1000 + 1)
             base = _instance_fields(iid, offer(iid, machine_id=machine), fields.pop("label", ""))
+            if status == "stopped":
+                fields.setdefault("intended_status", "stopped")
             inst = _Instance({**base, **fields}, self.now - self.boot_s - self.load_s)
             inst.status = status
             self._instances[iid] = inst
@@ -352,8 +358,11 @@ class FakeVast:
             status, msg = "loading", "Pulling image"
         else:
             status, msg = "running", "success, running"
+        stopped = status == "stopped"
+        if stopped and inst.fields.get("intended_status") == "stopped":
+            status = self.stopped_as
         return {**inst.fields, "actual_status": status, "status_msg": msg,
-                "cur_state": "stopped" if status == "stopped" else "running"}  # fmt: skip
+                "cur_state": "stopped" if stopped else "running"}  # fmt: skip
 
 
 _OPS = ("eq", "neq", "gt", "gte", "lt", "lte", "in", "notin")
