@@ -76,6 +76,24 @@ def test_a_replace_the_caps_refuse_is_escalated_naming_the_instance() -> None:
     assert doubt.summary == "rule:r wants 4 more instance(s) but max_instances allows none"
 
 
+def test_a_drained_instance_goes_only_once_curio_has_read_its_cordon() -> None:
+    """Curio's node reads its cordon with its task poll, every 30 s: a destroy or stop in a
+    tick less than `cordon_settle_s` after fleetgate's drain (a short `interval_s`) could take
+    a task the node claimed after the tick's reading. Vetoed until the cordon has held."""
+    drained = fact("instance", "i1", tasks_running=0, drained=True)
+    fleet = fact("fleet", instances=3)
+    for action, guard in (("destroy", "drain_before_destroy"), ("stop", "drain_before_stop")):
+        young = History(last_acted={"drain:instance:i1": NOW - 20})
+        d = one(act(action, instance="i1"), ctx(drained, fleet, hist=young))
+        assert (d.verdict, d.guard) == ("veto", guard) and "drained 20s ago" in d.why
+        held = History(last_acted={"drain:instance:i1": NOW - 35})
+        assert one(act(action, instance="i1"), ctx(drained, fleet, hist=held)).verdict == "act"
+        # drained by someone else (no drain of fleetgate's): as before
+        assert one(act(action, instance="i1"), ctx(drained, fleet)).verdict == "act"
+        d = one(act(action, instance="i1"), ctx(drained, fleet, hist=young, cordon_settle_s=0))
+        assert d.verdict == "act"
+
+
 def test_drain_before_destroy() -> None:
     serving = fact("instance", "i1", tasks_running=0, drained=False)
     d = one(act("destroy", instance="i1"), ctx(serving, fact("fleet", instances=3)))

@@ -191,6 +191,8 @@ def _destroy(d: Decision, inst: dict[str, Any], ctx: Context, b: _Budget,
             "drain_before_destroy",
             f"draining: {inst['tasks_running']} task(s) still running on it",
         )
+    if healthy and (settling := _settling(d, inst, ctx, "drain_before_destroy")):
+        return settling
     last_launch = max(ctx.hist.launches, default=None)
     scale_down = healthy and inst.get("stage") == "running" and not inst.get("retiring")
     if (
@@ -216,6 +218,20 @@ def _destroy(d: Decision, inst: dict[str, Any], ctx: Context, b: _Budget,
         )
     b.removed += 1
     return d
+
+
+def _settling(d: Decision, inst: dict[str, Any], ctx: Context, guard: str) -> Decision | None:
+    """A veto while fleetgate's drain of `inst` is younger than `cordon_settle_s`: Curio's node
+    reads its cordon with its task poll (every 30 s), so a task it claims after the reading
+    that showed none would die with the instance. None once the cordon has held (or when
+    fleetgate did not drain it: a cordon older than the journal's window)."""
+    drained_at = ctx.hist.last_acted.get(f"drain:instance:{inst.get('id')}")
+    settle = ctx.limits.cordon_settle_s
+    if drained_at is None or ctx.now - drained_at >= settle:
+        return None
+    return _veto(d, guard, f"drained {ctx.now - drained_at:.0f}s ago: its Curio node reads the "
+                 f"cordon every 30 s and may still claim a task (it goes once the cordon has "
+                 f"held {settle:.0f}s)")  # fmt: skip
 
 
 def _on_instance(d: Decision, ctx: Context, b: _Budget, doubts: list[Doubt]) -> Decision:
@@ -271,6 +287,10 @@ def _stop(d: Decision, inst: dict[str, Any], ctx: Context, b: _Budget,
         why = f"{d.why}; drain before stop: its Curio node may still take tasks"
         drained = replace(d, action="drain", guard="drain_before_stop", why=why)
         return _cooldown(drained, ctx) or drained
+    if inst.get("status") == "running" and (
+        settling := _settling(d, inst, ctx, "drain_before_stop")
+    ):
+        return settling
     parked = int(ctx.fleet.get("parked", 0)) + b.parked
     unparked = int(ctx.fleet.get("instances", 0)) - parked - b.removed
     if unparked - 1 < ctx.limits.min_instances:  # the instances kept are kept serving

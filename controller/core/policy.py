@@ -79,6 +79,13 @@ class Guards(_Strict):
         ge=0,
         description="$/hour assumed for a parked instance's storage until the listing shows it",
     )
+    cordon_settle_s: float = Field(
+        35.0,
+        ge=0,
+        description="destroy or stop an instance fleetgate drained only this long after the "
+        "drain: a Curio node reads its cordon (harmony_machines.unschedulable) with its task "
+        "poll, every 30 s, and may claim a task until then",
+    )
     paused: bool = Field(False, description="the pause switch: decide and record, act on nothing")
 
 
