@@ -92,7 +92,7 @@ class Runner:
     def _run_once(self) -> None:
         if self.stop.is_set():
             return
-        if self.lease is not None and not self.lease.may_act():
+        if self.lease is not None and not self._may_act():
             self.standby += 1
             self.notify.watchdog()
             return
@@ -102,6 +102,9 @@ class Runner:
             self.failed += 1
             log.error("%s; standing by", exc)
             self._renew()
+        except JournalError as exc:  # the journal's database failed: its own words say it all
+            self.failed += 1
+            log.error("tick failed: %s; the next one runs on schedule", exc)
         except Exception:  # noqa: BLE001 - one bad tick must not end the service
             self.failed += 1
             log.exception("tick failed; the next one runs on schedule")
@@ -110,6 +113,17 @@ class Runner:
         self.done += 1
         if self.max_ticks is not None and self.done >= self.max_ticks:
             self.stop.set()
+
+    def _may_act(self) -> bool:
+        """The lease allows a tick; a journal that cannot say so stops this process leading,
+        as a failed renewal does (the lease thread says so and tries again)."""
+        assert self.lease is not None
+        try:
+            return self.lease.may_act()
+        except JournalError as exc:
+            log.error("lease %r: %s; not acting until it is renewed", self.lease.name, exc)
+            self.lease.token = None
+            return False
 
     def _renew(self) -> float:
         """Renew (or try to take) the lease; seconds until the next try."""

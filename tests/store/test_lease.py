@@ -95,6 +95,40 @@ def test_a_renewal_the_database_failed_leaves_the_tick_fenced(
     other.close()
 
 
+def test_a_journal_that_fails_under_the_schedule_is_one_line_a_failure_and_no_tick(
+    j: Journal, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The journal's database goes away between ticks: the lease check before a tick cannot
+    be read (it ran in APScheduler's job, which logged a traceback every tick until the lease
+    thread noticed), and a tick that fails on it is the journal's own error. Each is one line,
+    no tick runs, and the lease is given up as a failed renewal gives it up."""
+    ticks: list[int] = []
+    a = Lease(j, "a", ttl_s=30, margin_s=1)
+    runner = Runner(lambda: ticks.append(1), 1.0, lease=a, renew_s=0.1)
+    runner._renew()
+
+    def unreachable(*_: object, **__: object) -> None:
+        raise JournalError("journal (test): connection refused")
+
+    monkeypatch.setattr("controller.store.lease.read", unreachable)
+    with caplog.at_level("ERROR"):
+        runner._job()
+    assert ticks == [] and runner.standby == 1 and not a.leading
+    assert [r.getMessage() for r in caplog.records] == [
+        "lease 'leader': journal (test): connection refused; not acting until it is renewed"
+    ]
+    assert all(r.exc_info is None for r in caplog.records)
+    monkeypatch.undo()
+    caplog.clear()
+    failing = Runner(lambda: unreachable(), 1.0)
+    with caplog.at_level("ERROR"):
+        failing._job()
+    assert failing.failed == 1
+    assert [(r.getMessage(), r.exc_info) for r in caplog.records] == [
+        ("tick failed: journal (test): connection refused; the next one runs on schedule", None)
+    ]
+
+
 def test_release_hands_over_at_once(j: Journal) -> None:
     other = peer(j)
     a, b = Lease(j, "a", ttl_s=60), Lease(other, "b", ttl_s=60)
