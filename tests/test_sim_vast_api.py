@@ -105,6 +105,15 @@ def test_sixty_instances_list_in_three_pages_with_exact_ids_and_only_vast_fields
     assert r.get("/api/v1/instances/", after_token="not-a-cursor").status_code == 400
 
 
+def test_an_account_without_instances_lists_null_and_reads_as_none() -> None:
+    r = rig()
+    page = r.get("/api/v1/instances/", limit="25").json()
+    assert page["instances"] is None and page["total_instances"] == 0  # as vast may answer
+    assert r.provider.list_instances() == []
+    iid = launch(r, "C.first")  # a fleet at zero can grow
+    assert [i.id for i in r.provider.list_instances()] == [iid]
+
+
 def test_foreign_instances_are_listed_hold_their_machines_and_never_change() -> None:
     r = rig(machines=5, foreign_instances=3)
     raw = r.raw()

@@ -526,6 +526,26 @@ def test_an_empty_listing_is_an_error_when_instances_are_expected(
     assert len(believing.list_instances()) == 1
 
 
+def test_a_listing_of_null_instances_is_an_empty_page(fake: FakeVast, rig: MakeRig) -> None:
+    fake.empty_as_null = True  # vast's client reads `"instances": null` as none
+    r = rig()
+    assert r.provider.list_instances() == []  # an account with none: a fleet may start
+    assert len(fake.of("list")) == 1  # readable: not retried
+    with pytest.raises(SensorError, match="listed no instances while instances are expected"):
+        r.provider.list_instances(expect_nonempty=True)  # null is no proof the fleet is gone
+    fake.script("list", Status(200, '{"instances": null, "total_instances": 2}'))
+    with pytest.raises(SensorError, match="total_instances=2"):
+        r.provider.list_instances()
+    fake.script("list", Status(200, '{"success": true, "next_token": null}'))
+    with pytest.raises(SensorError, match="no list of instances"):
+        r.provider.list_instances()  # no `instances` at all: not read as none
+    ids = [fake.add_instance() for _ in range(25)]  # one full page, then an empty one
+    full = {"instances": [fake.instances[i] for i in ids], "next_token": "more"}
+    fake.script("list", Status(200, json.dumps(full)))
+    fake.script("list", Status(200, '{"instances": null, "next_token": null}'))
+    assert [i.id for i in r.provider.list_instances()] == [str(i) for i in ids]
+
+
 @pytest.mark.parametrize(
     "reply",
     [

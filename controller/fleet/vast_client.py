@@ -237,12 +237,18 @@ class VastClient:
 
 
 def _listing_page(data: Any, page: int) -> tuple[list[dict[str, Any]], str | None, int]:
-    """(instances with an int id, next_token or None, total_instances) or SensorError."""
+    """(instances with an int id, next_token or None, total_instances) or SensorError.
+
+    `"instances": null` is a page without instances, as vast's own client reads it;
+    `list_instances` still refuses an empty listing it has reason to doubt."""
     where = f"vast instance list page {page}"
-    if not isinstance(data, dict) or not isinstance(data.get("instances"), list):
+    rows = data.get("instances", ()) if isinstance(data, dict) else ()
+    if rows is None:
+        rows = []
+    if not isinstance(rows, list):
         raise SensorError(f"{where}: the reply has no list of instances")
     instances = []
-    for n, raw in enumerate(data["instances"]):
+    for n, raw in enumerate(rows):
         iid = raw.get("id") if isinstance(raw, dict) else None
         if isinstance(iid, str) and is_digits(iid):
             iid = int(iid)

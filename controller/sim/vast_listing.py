@@ -2,9 +2,10 @@
 
 `Listing(world, now)` serves one call over the world's live instances and the account's
 foreign ones: the paged `GET /api/v1/instances/` (`limit` at most 25, an opaque `after_token`
-cursor from the previous page's `next_token`, `order_by` on id, `select_filters` terms), show,
-destroy, reboot and update. A create still hidden (SimConfig `late_create_s`) is neither listed
-nor shown, though vast knows it (it can be destroyed).
+cursor from the previous page's `next_token`, `order_by` on id, `select_filters` terms; an
+account without instances lists `"instances": null`, a reply vast's own client reads as none),
+show, destroy, reboot and update. A create still hidden (SimConfig `late_create_s`) is neither
+listed nor shown, though vast knows it (it can be destroyed).
 
 Must not decide anything about the fleet; no I/O, no clock: `now` is given.
 """
@@ -121,7 +122,7 @@ class Listing:
         return {
             "success": True, "instances_found": len(shown), "total_instances": len(items),
             "next_token": encode_token(shown[-1]["id"]) if more and shown else None,
-            "instances": shown,
+            "instances": shown if rows else None,  # an account without instances: null
         }  # fmt: skip
 
     def view(self, row: Row | dict[str, Any]) -> dict[str, Any]:

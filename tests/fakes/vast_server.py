@@ -35,6 +35,8 @@ Instances' public address is loopback (a health check must never leave this mach
 `taken_hosts` holds instances whose host's GPUs someone else rented while they were stopped: a
 start answers as vast does then (HTTP 200, success false, "state change queued") and leaves the
 instance stopped with intended_status running until the test lets it run.
+`empty_as_null = True` answers a listing page without instances `"instances": null`, which
+vast's own client reads as none (vast-cli: `data.get("instances") or []`).
 `stopped_as = "exited"` lists a stopped instance as instances stopped with `vastai stop instance`
 have been reported listed (`actual_status: exited`, `intended_status: stopped`) instead of as
 vast's docs say (`stopped`).
@@ -163,6 +165,7 @@ class FakeVast:
         self._vanished: set[int] = set()
         self.taken_hosts: set[int] = set()  # instances a start leaves waiting (see above)
         self.stopped_as = "stopped"  # or "exited" (see above)
+        self.empty_as_null = False  # True: a page without instances lists null (see above)
         self._instances: dict[int, _Instance] = {}
         self._next_id = first_id
         self._faults: dict[str, deque[Fault]] = {}
@@ -268,7 +271,8 @@ class FakeVast:
         return 200, {
             "success": True, "instances_found": len(page), "total_instances": len(visible),
             "next_token": _encode_token(page[-1]) if more else None,
-            "instances": [self._view(self._instances[i]) for i in page],
+            "instances": [self._view(self._instances[i]) for i in page]
+            if page or not self.empty_as_null else None,
         }  # fmt: skip
 
     def _list_v0(self, req: Recorded) -> tuple[int, Any]:
