@@ -266,6 +266,7 @@ def test_create_sends_image_env_disk_label_onstart_and_runtype(
     assert create.body == {
         "client_id": "me", "image": IMAGE, "env": {**ENV, "FLEETGATE_LABEL": "fg-12-4-0-a1b2c3"},
         "disk": 250.0, "label": "fg-12-4-0-a1b2c3", "onstart": ONSTART, "runtype": "ssh",
+        "cancel_unavail": True,
     }  # fmt: skip
     assert fake.creates_by_label == {"fg-12-4-0-a1b2c3": 1}
     assert fake.instances[int(iid)]["label"] == "fg-12-4-0-a1b2c3"
@@ -444,6 +445,18 @@ def test_a_refused_create_stops_the_launch_instead_of_trying_other_offers(
     with pytest.raises(PermanentProviderError, match="invalid_args"):
         rig().provider.launch(LaunchRequest(label="fg-refused"))
     assert len(fake.of("create")) == 1
+
+
+def test_an_offer_vast_cannot_schedule_is_refused_and_rents_nothing(
+    fake: FakeVast, rig: MakeRig
+) -> None:
+    fake.offers.update({1: offer(1), 2: offer(2)})
+    fake.unschedulable.add(1)  # its GPUs are busy: vast would rent a stopped instance
+    r = rig()
+    with pytest.raises(PermanentProviderError, match="vast refused: unavailable"):
+        r.provider.launch(LaunchRequest(label="fg-wait"))
+    assert not fake.instances and fake.creates_by_label == {}  # nothing stopped, nothing billed
+    assert fake.of("create")[0].body["cancel_unavail"] is True
 
 
 def test_a_create_that_never_connected_is_not_unknown(rig: MakeRig) -> None:

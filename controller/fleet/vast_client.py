@@ -167,7 +167,9 @@ class VastClient:
         """Rent offer `offer_id` as an instance labelled `label`; its id (vast's new_contract).
 
         Sent once, never retried. OfferGone when the offer was taken; CreateOutcomeUnknown when
-        the request may have reached vast and no clear answer came back.
+        the request may have reached vast and no clear answer came back. It asks vast to refuse
+        an offer it cannot schedule now (`cancel_unavail`; without it vast rents a stopped
+        instance that waits for the GPUs and bills its disk): a PermanentProviderError.
         """
         s = self.settings
         body: dict[str, Any] = {
@@ -178,6 +180,8 @@ class VastClient:
                     **(env or {}), "FLEETGATE_LABEL": label},
             "disk": s.disk_gb,
             "label": label, "onstart": s.onstart, "runtype": s.runtype,
+            # an offer vast cannot schedule now is refused, not rented as a stopped instance
+            "cancel_unavail": True,
         }  # fmt: skip
         if price is not None:
             body["price"] = price

@@ -32,6 +32,10 @@ Instances' public address is loopback (a health check must never leave this mach
 `late_creates = n` hides each new instance from the listing (and show, unless
 `late_shows = False`) for the next n listing calls (a listing call is a first-page request).
 `vanish(offer_id)` keeps an offer in search results but answers its create with 404 no_such_ask.
+`unschedulable` holds offers vast cannot schedule now (their GPUs are busy): a create with
+`cancel_unavail` is refused (HTTP 200, success false; vast's own words for it are not known)
+and rents nothing; one without it rents an instance that stays stopped (intended_status
+running), as vast's CLI says it does ("rather than creating a stopped instance").
 `taken_hosts` holds instances whose host's GPUs someone else rented while they were stopped: a
 start answers as vast does then (HTTP 200, success false, "state change queued") and leaves the
 instance stopped with intended_status running until the test lets it run.
@@ -60,6 +64,7 @@ from fakes.base import QuietHandler, RecordingServer
 EPOCH = 1_700_000_000.0  # start_date of an instance created at virtual time 0
 _SEARCH_KEYS = ("order", "type", "limit", "allocated_storage", "disable_bundling")
 START_QUEUED_MSG = "Required resources are currently unavailable, state change queued."
+UNAVAILABLE_MSG = "Required resources are currently unavailable."  # a guess at vast's words
 
 
 @dataclass(frozen=True)
@@ -164,6 +169,7 @@ class FakeVast:
         self.offers: dict[int, dict[str, Any]] = {o["id"]: dict(o) for o in offers or []}
         self._vanished: set[int] = set()
         self.taken_hosts: set[int] = set()  # instances a start leaves waiting (see above)
+        self.unschedulable: set[int] = set()  # offers whose GPUs are busy now (see above)
         self.stopped_as = "stopped"  # or "exited" (see above)
         self.empty_as_null = False  # True: a page without instances lists null (see above)
         self._instances: dict[int, _Instance] = {}
@@ -302,11 +308,15 @@ class FakeVast:
         body = req.body if isinstance(req.body, dict) else {}
         if not body.get("image"):
             return 400, {"success": False, "error": "invalid_args", "msg": "image is required"}
+        waits = offer_id in self.unschedulable
+        if waits and body.get("cancel_unavail") is True:
+            return 200, {"success": False, "error": "unavailable", "msg": UNAVAILABLE_MSG}
         iid = self._new_id()
         fields = _instance_fields(iid, ask, body.get("label") or "", body)
         if self.on_create is not None:
             self.on_create(fields)  # e.g. point its status port at a local stand-in
         inst = _Instance(fields, self.now)
+        inst.status = "stopped" if waits else None  # rented, waiting for the GPUs
         inst.visible_after = self.list_calls + self.late_creates
         self._instances[iid] = inst
         del self.offers[offer_id]
