@@ -236,8 +236,10 @@ class VastProvider:
     def confirm_gone(self, instance_ids: Iterable[str], limit: int = 10) -> set[str]:
         """Those of the first `limit` (distinct) `instance_ids` that vast's show answers as gone.
 
-        Gone is `{"instances": null}` or 404. An id whose show fails (an error, a timeout) or that
-        vast still shows is not in the result: only vast's own word confirms a disappearance."""
+        Gone is `{"instances": null}`, 404, or an instance shown `destroyed` or `terminated`
+        (its `intended_status` or `actual_status`: vast's own client reads those as gone). An id
+        whose show fails (an error, a timeout) or that vast still shows otherwise is not in the
+        result: only vast's own word confirms a disappearance."""
         distinct = dict.fromkeys(str(i) for i in instance_ids)
         gone: set[str] = set()
         for iid in islice(distinct, max(limit, 0)):
@@ -246,7 +248,8 @@ class VastProvider:
             except ProviderError as exc:
                 log.warning("vast: instance %r not confirmed gone: %s", iid, exc)
                 continue
-            if shown is None:
+            said = {shown.get("intended_status"), shown.get("actual_status")} if shown else set()
+            if shown is None or said & {"destroyed", "terminated"}:
                 gone.add(iid)
             else:
                 log.info("vast: instance %r still exists (%r)", iid, shown.get("actual_status"))
