@@ -34,7 +34,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from controller.core.fields import Secret
 from controller.fleet.retry import BodyError, read_body
-from escalation.llm_answer import _check_call, _from_json, _from_tools, _message, _raw, _tokens
+from escalation.llm_answer import (
+    _check_call,
+    _from_json,
+    _from_tools,
+    _message,
+    _raw,
+    _stopped_short,
+    _tokens,
+)
 from escalation.llm_errors import LLMBudgetExceeded, LLMError, LLMInvalidAnswer, LLMUnavailable
 from escalation.llm_request import (
     DAY,
@@ -190,7 +198,8 @@ class LLMClient:
            a call that got no answer counts with 0 tokens;
         6. parse and validate the answer strictly: one tool call (or one JSON decision) naming
            an offered action with valid parameters on existing targets, a confidence in [0, 1]
-           and a rationale.
+           and a rationale; an invalid answer the endpoint marked as a refusal, as cut off at
+           max_tokens or as filtered says so first.
         """
         now = self._clock()
         self._check_budget(now)
@@ -203,7 +212,7 @@ class LLMClient:
         tokens = _tokens(reply, messages, raw)
         self._usage.record(now, tokens)
         try:
-            action, params, confidence, rationale = self._parse(message, offered, targets)
+            action, params, confidence, rationale = self._parse(reply, message, offered, targets)
         except LLMInvalidAnswer as exc:
             exc.raw = raw
             log.warning("llm %s on %r: invalid answer: %s", self.model, situation.subject, exc)
@@ -251,10 +260,21 @@ class LLMClient:
         return body
 
     def _parse(
-        self, message: dict[str, Any], offered: Sequence[str], targets: Collection[str]
+        self,
+        reply: dict[str, Any],
+        message: dict[str, Any],
+        offered: Sequence[str],
+        targets: Collection[str],
     ) -> tuple[str | None, dict[str, Any], float, str]:
-        call = _from_tools(message) if self.settings.mode == "tools" else _from_json(message)
-        return _check_call(call, offered, targets)
+        """The checked call; an invalid one says first why the endpoint stopped short, if it did."""
+        try:
+            call = _from_tools(message) if self.settings.mode == "tools" else _from_json(message)
+            return _check_call(call, offered, targets)
+        except LLMInvalidAnswer as exc:
+            why = _stopped_short(reply, message, self.settings.max_tokens)
+            if why is None:
+                raise
+            raise LLMInvalidAnswer(f"{why}; {exc}") from exc
 
     def _exchange(self, body: dict[str, Any], now: float) -> tuple[dict[str, Any], dict[str, Any]]:
         """The reply and its message; a call that got neither counts with 0 tokens."""

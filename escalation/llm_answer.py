@@ -160,9 +160,29 @@ def _message(reply: Any) -> dict[str, Any]:
 def _raw(message: dict[str, Any]) -> str:
     calls = message.get("tool_calls")
     text = (
-        json.dumps(calls, sort_keys=True, ensure_ascii=False) if calls else message.get("content")
+        json.dumps(calls, sort_keys=True, ensure_ascii=False)
+        if calls
+        else message.get("content") or message.get("refusal")
     )
     return str(text or "")[:RAW_CAP]
+
+
+def _stopped_short(reply: dict[str, Any], message: dict[str, Any], max_tokens: int) -> str | None:
+    """Why the endpoint says the answer is missing or incomplete, else None: the model refused
+    (`refusal`), max_tokens ran out (finish_reason `length`; a reasoning model's thinking counts
+    toward it), or a content filter withheld it (finish_reason `content_filter`)."""
+    refusal = message.get("refusal")
+    if isinstance(refusal, str) and refusal.strip():
+        return f"the model refused: {sanitize(refusal.strip(), 200)!r}"
+    finish = reply["choices"][0].get("finish_reason")  # _message found choices[0]
+    if finish == "length":
+        return (
+            f"the answer was cut off at max_tokens={max_tokens} (finish_reason 'length'; a"
+            " reasoning model's thinking counts toward it)"
+        )
+    if finish == "content_filter":
+        return "the endpoint's content filter withheld the answer (finish_reason 'content_filter')"
+    return None
 
 
 MAX_TOKENS = 10**12  # a call's tokens as journaled: an integer any journal column holds

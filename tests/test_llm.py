@@ -16,8 +16,10 @@ import requests
 from fakes.openai_server import (
     Content,
     Delay,
+    Ended,
     FakeOpenAI,
     RawBody,
+    Refusal,
     Status,
     ToolCall,
     ToolCalls,
@@ -284,6 +286,54 @@ def test_an_invalid_answer_says_why(
     assert why in str(caught.value)
     assert caught.value.raw  # what the model said, for the people who read it next
     assert len(usage.calls) == 1  # an answer, even an invalid one, spent its tokens
+
+
+CUT = '{"instance": "10007", "confidence": 0.8, "rationale": "frozen af'
+STOPPED_SHORT = [
+    (Ended("length", ToolCall("reboot", CUT)), "tools",
+     "the answer was cut off at max_tokens=800 (finish_reason 'length'; a reasoning model's"
+     " thinking counts toward it); the arguments of the 'reboot' call is not valid JSON"),
+    (Ended("length", Content(""), reasoning="The instance is frozen. Let me think" * 40), "tools",
+     "the answer was cut off at max_tokens=800 (finish_reason 'length';"),
+    (Ended("length", Content('{"action": "reboot", "params": {"inst')), "json_schema",
+     "cut off at max_tokens=800 (finish_reason 'length'; a reasoning model's thinking counts"
+     " toward it); the answer is not valid JSON"),
+    (Refusal("I can't help with\ndestroying machines."), "tools",
+     "the model refused: \"I can't help with\\\\ndestroying machines.\"; no tool call"),
+    (Refusal("I can't help with that."), "json_schema",
+     "the model refused: \"I can't help with that.\"; the answer is not valid JSON"),
+    (Ended("content_filter", Content("")), "tools",
+     "the endpoint's content filter withheld the answer (finish_reason 'content_filter'); no"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("reply", "mode", "why"), STOPPED_SHORT, ids=[w[:40] for *_, w in STOPPED_SHORT]
+)
+def test_an_answer_the_endpoint_stopped_short_says_why(
+    client_for: Callable[..., LLMClient], reply: Any, mode: str, why: str
+) -> None:
+    """A real endpoint marks an answer it did not finish: `finish_reason` `length` when
+    max_tokens ran out (a reasoning model can spend all of it thinking and write nothing),
+    `content_filter`, or a `refusal` with `content` null. The error read "no tool call" or "not
+    valid JSON", which sends the operator after the model's tool support, not max_tokens."""
+    with FakeOpenAI(reply) as fake, pytest.raises(LLMInvalidAnswer) as caught:
+        client_for(fake.url, mode=mode).decide(situation(), TARGETS)
+    assert why in str(caught.value)
+
+
+def test_a_refusal_is_kept_as_what_the_model_said(client_for: Callable[..., LLMClient]) -> None:
+    with FakeOpenAI(Refusal("I won't.")) as fake, pytest.raises(LLMInvalidAnswer) as caught:
+        client_for(fake.url).decide(situation(), TARGETS)
+    assert caught.value.raw == "I won't."
+
+
+def test_a_complete_answer_cut_at_max_tokens_still_counts(
+    client_for: Callable[..., LLMClient],
+) -> None:
+    with FakeOpenAI(Ended("length", call("reboot", instance="10007"))) as fake:
+        answer = client_for(fake.url).decide(situation(), TARGETS)
+    assert (answer.action, answer.params) == ("reboot", {"instance": "10007"})
 
 
 def test_the_rationale_is_sanitized_and_capped(client_for: Callable[..., LLMClient]) -> None:

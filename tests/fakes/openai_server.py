@@ -57,6 +57,24 @@ class Content:
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """A refusal: `content` null and the model's words in `refusal`, as OpenAI sends one."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Ended:
+    """`then`'s message, stopped with this `finish_reason` (`length`: max_tokens ran out;
+    `content_filter`: the server's filter withheld content), with what a reasoning model thought
+    in `reasoning_content` when given (vLLM, llama.cpp, DeepSeek)."""
+
+    finish_reason: str
+    then: ToolCall | ToolCalls | Content | Refusal
+    reasoning: str | None = None
+
+
+@dataclass(frozen=True)
 class RawBody:
     """Exactly these bytes as the HTTP body (malformed JSON, an HTML error page, ...)."""
 
@@ -82,7 +100,7 @@ class Delay:
     then: Reply | None = None
 
 
-Reply = ToolCall | ToolCalls | Content | RawBody | Status | Delay
+Reply = ToolCall | ToolCalls | Content | Refusal | Ended | RawBody | Status | Delay
 
 
 @dataclass(frozen=True)
@@ -220,17 +238,23 @@ class _Handler(QuietHandler):
         else:
             self._send(200, json.dumps(self._completion(reply, body)))
 
-    def _completion(self, reply: ToolCall | ToolCalls | Content, body: Any) -> dict[str, Any]:
+    def _completion(
+        self, reply: ToolCall | ToolCalls | Content | Refusal | Ended, body: Any
+    ) -> dict[str, Any]:
         fake = self.server.fake
-        message = _message(reply)
+        message = _message(reply.then if isinstance(reply, Ended) else reply)
+        finish = "tool_calls" if message.get("tool_calls") else "stop"
+        if isinstance(reply, Ended):
+            finish = reply.finish_reason
+            if reply.reasoning is not None:
+                message["reasoning_content"] = reply.reasoning
         out: dict[str, Any] = {
             "id": f"chatcmpl-fake-{len(fake.requests)}",
             "object": "chat.completion",
             "created": 0,
             "model": fake.model,
-            "choices": [{"index": 0, "message": message,
-                         "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
-        }  # fmt: skip
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        }
         if fake.report_usage:
             out["usage"] = fake.usage(body, message)
         return out
@@ -246,9 +270,11 @@ class _Handler(QuietHandler):
         self.wfile.write(data)
 
 
-def _message(reply: ToolCall | ToolCalls | Content) -> dict[str, Any]:
+def _message(reply: ToolCall | ToolCalls | Content | Refusal) -> dict[str, Any]:
     if isinstance(reply, Content):
         return {"role": "assistant", "content": reply.text}
+    if isinstance(reply, Refusal):
+        return {"role": "assistant", "content": None, "refusal": reply.text}
     calls = reply.calls if isinstance(reply, ToolCalls) else (reply,)
     return {
         "role": "assistant",
