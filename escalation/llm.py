@@ -336,6 +336,10 @@ class LLMClient:
             ) from exc
         if not isinstance(reply, dict):
             raise LLMUnavailable(f"{status} with JSON that is not an object: {self._snippet(resp)}")
+        if reply.get("error") and not reply.get("choices"):  # a failure after the 200 was sent
+            raise LLMUnavailable(
+                f"{status} with an error instead of an answer: {self._snippet(resp)}"
+            )
         return reply
 
     def _wait(self, attempt: int, retry_after: float | None) -> float:

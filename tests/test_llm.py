@@ -368,6 +368,20 @@ def test_json_that_is_not_a_chat_completion_is_unavailable(
     assert usage.calls == [(NOW, 0)]
 
 
+def test_an_error_sent_with_a_200_is_unavailable_and_quoted(
+    client_for: Callable[..., LLMClient], usage: MemoryUsage, sleeps: Sleeps
+) -> None:
+    """A gateway that sent 200 before its upstream failed reports the failure in the body
+    (OpenRouter: `{"error": {"code", "message"}}`); the error read only "not a chat completion",
+    and what failed was nowhere."""
+    body = '{"error": {"code": 502, "message": "Your chosen model is down"}}'
+    with FakeOpenAI(RawBody(body)) as fake, pytest.raises(LLMUnavailable) as caught:
+        client_for(fake.url).decide(situation(), TARGETS)
+    assert "answered HTTP 200 with an error instead of an answer: " in str(caught.value)
+    assert "Your chosen model is down" in str(caught.value)
+    assert usage.calls == [(NOW, 0)] and sleeps == []
+
+
 # ---- untrusted text ------------------------------------------------------------------------
 
 
