@@ -193,7 +193,7 @@ class LLMClient:
         4. POST it with bearer auth and a timeout (redirects not followed: the prompt goes to
            the configured endpoint only; the reply read within the timeout and
            MAX_REPLY_BYTES), retrying 429, 5xx, timeouts and refused connections with capped
-           exponential backoff (a numeric Retry-After wins);
+           exponential backoff (a numeric Retry-After wins; one past MAX_WAIT_S ends the tries);
         5. record the call and its tokens (reported, else estimated) in the usage store;
            a call that got no answer counts with 0 tokens;
         6. parse and validate the answer strictly: one tool call (or one JSON decision) naming
@@ -294,6 +294,11 @@ class LLMClient:
             if attempt + 1 == attempts:
                 raise LLMUnavailable(f"{outcome.why} (gave up after {attempts} attempts)") from (
                     outcome.cause
+                )
+            if outcome.retry_after is not None and outcome.retry_after > MAX_WAIT_S:
+                raise LLMUnavailable(
+                    f"{outcome.why} (it asks for {outcome.retry_after:g}s before another try,"
+                    f" longer than the {MAX_WAIT_S:g}s fleetgate waits)"
                 )
             wait = self._wait(attempt, outcome.retry_after)
             log.warning("llm %s: %s; retrying in %.1fs", self.model, outcome.why, wait)

@@ -451,10 +451,27 @@ def test_429_is_retried_after_the_retry_after_seconds(
 def test_backoff_doubles_and_retry_after_is_capped(
     client_for: Callable[..., LLMClient], sleeps: Sleeps
 ) -> None:
-    replies = (Status(503), Status(502), Status(429, retry_after="3600"), Status(429), call("hold"))
+    replies = (Status(503), Status(502), Status(429, retry_after="30"), Status(429), call("hold"))
     with FakeOpenAI(*replies) as fake:
         client_for(fake.url, backoff_s=0.5, retries=4).decide(situation(), TARGETS)
     assert sleeps == [0.5, 1.0, MAX_WAIT_S, 4.0]
+
+
+def test_a_retry_after_longer_than_the_wait_is_not_retried_early(
+    client_for: Callable[..., LLMClient], sleeps: Sleeps, usage: MemoryUsage
+) -> None:
+    """A 429 asking for an hour (a used-up quota) was waited out for MAX_WAIT_S and asked
+    again, three times: the escalation reached people a minute and a half late, after retries
+    the endpoint had said it would refuse."""
+    with FakeOpenAI(Status(429, retry_after="3600"), call("hold")) as fake:
+        with pytest.raises(LLMUnavailable) as caught:
+            client_for(fake.url).decide(situation(), TARGETS)
+        assert len(fake.chat_bodies) == 1
+    assert "answered HTTP 429" in str(caught.value)
+    assert "it asks for 3600s before another try, longer than the 30s fleetgate waits" in str(
+        caught.value
+    )
+    assert sleeps == [] and usage.calls == [(NOW, 0)]
 
 
 def test_500s_until_the_retries_are_used_up_are_unavailable(
