@@ -13,7 +13,7 @@ gate does), touch the fleet, or see a secret other than the API key it sends as 
 Errors:
 
     LLMError                  the prompt could not be rendered (a template problem)
-     ├── LLMUnavailable       no answer: refused connection, timeout, HTTP 429/5xx after the
+     ├── LLMUnavailable       no answer: refused connection, timeout, HTTP 408/409/429/5xx after the
      │                        retries, another HTTP error, a body that is not a chat completion
      ├── LLMBudgetExceeded    the call or token budget is used up; nothing was sent
      └── LLMInvalidAnswer     the model answered, but not with one valid, allowed action
@@ -192,8 +192,9 @@ class LLMClient:
         3. build the request: the offered actions as tools, or as a JSON schema;
         4. POST it with bearer auth and a timeout (redirects not followed: the prompt goes to
            the configured endpoint only; the reply read within the timeout and
-           MAX_REPLY_BYTES), retrying 429, 5xx, timeouts and refused connections with capped
-           exponential backoff (a numeric Retry-After wins; one past MAX_WAIT_S ends the tries);
+           MAX_REPLY_BYTES), retrying 408, 409, 429, 5xx, timeouts and refused connections with
+           capped exponential backoff (a numeric Retry-After wins; one past MAX_WAIT_S ends the
+           tries);
         5. record the call and its tokens (reported, else estimated) in the usage store;
            a call that got no answer counts with 0 tokens;
         6. parse and validate the answer strictly: one tool call (or one JSON decision) naming
@@ -329,7 +330,7 @@ class LLMClient:
 
     def _reply(self, resp: requests.Response) -> dict[str, Any] | _Retry:
         status = f"the model at {self._where!r} answered HTTP {resp.status_code}"
-        if resp.status_code == 429 or resp.status_code >= 500:
+        if resp.status_code in (408, 409, 429) or resp.status_code >= 500:
             return _Retry(f"{status}: {self._snippet(resp)}", _retry_after(resp))
         if resp.status_code != 200:
             raise LLMUnavailable(f"{status}: {self._snippet(resp)}")

@@ -1,7 +1,7 @@
 """The LLM reader's errors (see escalation.llm for when each is raised).
 
 LLMError                  the prompt could not be rendered (a template problem)
- ├── LLMUnavailable       no answer: refused connection, timeout, HTTP 429/5xx after the
+ ├── LLMUnavailable       no answer: refused connection, timeout, HTTP 408/409/429/5xx after the
  │                        retries, another HTTP error, a body that is not a chat completion
  ├── LLMBudgetExceeded    the call or token budget is used up; nothing was sent
  └── LLMInvalidAnswer     the model answered, but not with one valid, allowed action

@@ -474,6 +474,18 @@ def test_a_retry_after_longer_than_the_wait_is_not_retried_early(
     assert sleeps == [] and usage.calls == [(NOW, 0)]
 
 
+@pytest.mark.parametrize("code", [408, 409])
+def test_a_request_timeout_or_conflict_is_retried(
+    client_for: Callable[..., LLMClient], sleeps: Sleeps, code: int
+) -> None:
+    """408 (a gateway's request timeout, OpenRouter) and 409 (OpenAI's lock timeout) are
+    transient, as the OpenAI client treats them; one sent the situation to people unread."""
+    with FakeOpenAI(Status(code), call("hold")) as fake:
+        answer = client_for(fake.url).decide(situation(), TARGETS)
+        assert len(fake.chat_bodies) == 2
+    assert answer.action == "hold" and sleeps == [1.0]
+
+
 def test_500s_until_the_retries_are_used_up_are_unavailable(
     client_for: Callable[..., LLMClient], sleeps: Sleeps, usage: MemoryUsage
 ) -> None:
