@@ -84,6 +84,9 @@ class LLMSettings(BaseModel):
     max_tokens_per_day: int = Field(default=200_000, ge=0)
     temperature: float = Field(default=0.0, ge=0, le=2)
     max_tokens: int = Field(default=800, ge=1)  # of the answer
+    # the request's name for max_tokens: OpenAI's reasoning models (o-series, gpt-5) refuse
+    # `max_tokens` and take `max_completion_tokens`
+    max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
     # the service asks it only after `fleetgate llm-check` passed; unset: on whenever the
     # gate lets an answer act (mode `act`, or an action on `act`), off when it only proposes
     require_check: bool | None = None
@@ -252,7 +255,7 @@ class LLMClient:
             "model": s.model,
             "messages": messages,
             "temperature": s.temperature,
-            "max_tokens": s.max_tokens,
+            s.max_tokens_field: s.max_tokens,
         }
         if s.mode == "tools":
             body.update(tools=tools(offered), tool_choice="auto")

@@ -599,6 +599,23 @@ def test_settings_are_strict() -> None:
         LLMSettings(base_url="http://x/v1", model="q", mode="grammar")  # type: ignore[arg-type]
 
 
+def test_max_tokens_goes_by_the_name_the_model_takes(
+    client_for: Callable[..., LLMClient], sleeps: Sleeps
+) -> None:
+    """OpenAI's reasoning models answer `max_tokens` with a 400 and take
+    `max_completion_tokens`: every call failed, and no setting could change that."""
+    with FakeOpenAI(unsupported=("max_tokens",)) as fake:
+        with pytest.raises(
+            LLMUnavailable, match=r"answered HTTP 400: .*'max_tokens.*' is not supported"
+        ):
+            client_for(fake.url).decide(situation(), TARGETS)
+        client = client_for(fake.url, max_tokens=500, max_tokens_field="max_completion_tokens")
+        assert client.decide(situation(), TARGETS).action is None  # escalate_to_human
+        sent = fake.chat_bodies[-1]
+    assert sent["max_completion_tokens"] == 500 and "max_tokens" not in sent
+    assert sleeps == []
+
+
 def test_an_operator_template_overrides_the_prompt(
     client_for: Callable[..., LLMClient], tmp_path: Path
 ) -> None:

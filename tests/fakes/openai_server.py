@@ -14,6 +14,9 @@ the next scripted reply; when the script is empty the `default` behaviour answer
                    situation whose DATA block shows it frozen, else escalate_to_human; it reads
                    the prompt as escalation/templates/prompt_user.txt.j2 writes it
 
+A request holding a key named in `unsupported` is answered 400 with OpenAI's error, as OpenAI
+answers `max_tokens` sent to a reasoning model.
+
 Every request is recorded (method, path, headers, JSON body); answers carry `usage` counts
 (a fixed `total_tokens` when given, else about a token per 4 characters). A `Delay` waits
 before answering (cut short when the server stops), so a client with a short timeout gives up.
@@ -135,8 +138,10 @@ class FakeOpenAI:
         model: str = "fake-model",
         total_tokens: int | None = None,
         report_usage: bool = True,
+        unsupported: tuple[str, ...] = (),
     ) -> None:
         self.default = default
+        self.unsupported = unsupported  # request keys answered with OpenAI's 400
         self.model = model
         self.total_tokens = total_tokens
         self.report_usage = report_usage
@@ -221,6 +226,13 @@ class _Handler(QuietHandler):
         reply = fake.record(Recorded("POST", self.path, dict(self.headers), body))
         if self.path.rstrip("/") != "/v1/chat/completions":
             self._send(404, '{"error": {"message": "not found"}}')
+            return
+        refused = [k for k in fake.unsupported if isinstance(body, dict) and k in body]
+        if refused:  # as OpenAI answers `max_tokens` sent to a reasoning model
+            self._send(400, json.dumps({"error": {
+                "message": f"Unsupported parameter: '{refused[0]}' is not supported with this"
+                           " model.", "type": "invalid_request_error", "param": refused[0],
+                "code": "unsupported_parameter"}}))  # fmt: skip
             return
         self._answer(reply if reply is not None else fake.default_reply(body), body)
 
