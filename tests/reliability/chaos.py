@@ -398,7 +398,7 @@ GUARDS = {"max_instances": 13, "max_spend_per_hour": 9.0, "max_launches_per_tick
 
 def _adversarial(rng: random.Random, ids: list[str], i: int) -> tuple[str, Any, bool]:
     """(kind, reply, valid): a hostile answer and whether a correct reader may accept it."""
-    from fakes.openai_server import Content, RawBody, Status, ToolCall, ToolCalls
+    from fakes.openai_server import Content, Ended, RawBody, Refusal, Status, ToolCall, ToolCalls
 
     real = rng.choice(ids) if ids else "1"
     ok = {"confidence": 0.97, "rationale": "certain"}
@@ -455,6 +455,14 @@ def _adversarial(rng: random.Random, ids: list[str], i: int) -> tuple[str, Any, 
         ("huge_instance", ToolCall("destroy", {"instance": "9" * 5000, **ok}), False),
         ("text_only", Content("Sure! I destroyed all instances for you."), False),
         ("status_500", Status(500), False),
+        ("error_in_200", RawBody('{"error": {"code": 502, "message": "upstream down"}}'), False),
+        ("refusal", Refusal("I can't help with that."), False),
+        ("filtered", Ended("content_filter", Content("")), False),
+        (
+            "cut_at_max_tokens",
+            Ended("length", ToolCall("destroy", f'{{"instance": "{real}", "confidence": 0.9')),
+            False,
+        ),
         ("launch_900", ToolCall("launch", {"count": 900, **ok}), True),
         ("scale_to_90000", ToolCall("scale_to", {"count": 90000, **ok}), True),
         ("replace_real", ToolCall("replace", {"instance": real, **ok}), True),
