@@ -140,6 +140,26 @@ def test_oldest_pending_age_is_measured_by_the_database_clock(db: CurioDB) -> No
     assert demand["WinPost"].oldest_pending_s == 0.0
 
 
+def test_a_task_given_back_to_the_queue_waits_since_then_not_since_it_was_posted(
+    db: CurioDB,
+) -> None:
+    node = db.add_machine("10.0.0.1:12300")
+    failed = db.post("PSProve", age_s=3600)  # waited, ran, failed: Curio retries it
+    db.claim(failed, node)
+    db.release(failed)
+    (restarted,) = db.post("PoRep", age_s=7200)  # failed for good; a person restarts it
+    db.claim([restarted], node)
+    db.finish([restarted], result=False)
+    db.restart(restarted, "PoRep", posted_age_s=7200)
+
+    demand = by_task(sensor(db).demand())
+
+    assert (demand["PSProve"].pending, demand["PoRep"].pending) == (1, 1)
+    assert demand["PSProve"].oldest_pending_s < 60
+    assert demand["PoRep"].oldest_pending_s < 60
+    assert demand["all"].oldest_pending_s < 60
+
+
 def test_max_retries_counts_pending_tasks_only(db: CurioDB) -> None:
     node = db.add_machine("10.0.0.1:12300")
     db.post("PoRep", retries=1)
@@ -187,12 +207,14 @@ def test_finishing_tasks_removes_them_and_writes_history(db: CurioDB) -> None:
 
 def test_a_deleted_machine_gives_its_tasks_back_to_the_queue(db: CurioDB) -> None:
     node = db.add_machine("10.0.0.1:12300", last_contact_age_s=700)
-    db.claim(db.post("PoRep", 2), node)
+    db.claim(db.post("PoRep", 2, age_s=900), node)
 
     db.remove_machine(node)  # what Curio does to a node silent for ~10 minutes
 
     demand = by_task(sensor(db).demand())
     assert (demand["PoRep"].pending, demand["PoRep"].running) == (2, 0)
+    # ON DELETE SET NULL touches neither time: they have waited since they were posted
+    assert 900 <= demand["PoRep"].oldest_pending_s < 960
 
 
 def test_schema_names_are_quoted_as_identifiers(dsn: str) -> None:

@@ -300,14 +300,15 @@ def write_rows(db: CurioDB, curio: SimCurio, now: float) -> None:
         "INSERT INTO {} (id, host_and_port, cpu, ram, gpu, unschedulable, last_contact)"
         " VALUES (%s, %s, 32, 274877906944, 1, %s, now() - make_interval(secs => %s))"
     ).format(table)
-    tasks = sql.SQL(
-        "INSERT INTO {} (name, owner_id, posted_time, retries, added_by)"
-        " VALUES (%s, %s, now() - make_interval(secs => %s), %s, 0)"
+    tasks = sql.SQL(  # update_time is posted_time in SimCurio's rows
+        "INSERT INTO {} (name, owner_id, posted_time, update_time, retries, added_by)"
+        " VALUES (%s, %s, now() - make_interval(secs => %s), now() - make_interval(secs => %s),"
+        " %s, 0)"
     ).format(sql.Identifier(db.schema, "harmony_task"))
     with db.conn.transaction(), db.conn.cursor() as cur:
         cur.executemany(machines, [(m.id, m.host_and_port, m.unschedulable,
                                     now - m.last_contact) for m in curio.machines()])  # fmt: skip
-        cur.executemany(tasks, [(n, o, now - p, r) for n, o, p, r in curio.tasks()])
+        cur.executemany(tasks, [(n, o, now - p, now - p, r) for n, o, p, r in curio.tasks()])
 
 
 def test_contract_the_sensor_reads_the_same_from_postgresql(db: CurioDB) -> None:

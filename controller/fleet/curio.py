@@ -1,6 +1,7 @@
 """The Curio demand sensor: the proving queue read from Curio's database (DOMAIN.md).
 
-Reads `harmony_task` (pending = `owner_id IS NULL`, running = `owner_id` set),
+Reads `harmony_task` (pending = `owner_id IS NULL`, running = `owner_id` set; a pending task
+has waited since it was posted or last given back to the queue, whichever is later),
 `harmony_machines`, and `harmony_task_history` (the recent successful runs per node: how fast
 each node proves, as Curio timed it, not as the instance claims); writes only
 `harmony_machines.unschedulable` (drain/undrain), and only when the config allows it. Every age
@@ -158,12 +159,15 @@ def connect(settings: CurioSettings) -> Connection:
     )
 
 
+# A pending task waits since it last entered the queue: Curio keeps posted_time when a node
+# gives a failed or preempted task back, or when a person restarts a failed one, and stamps
+# update_time then (a claim leaves it alone; a new task gets both at once).
 _DEMAND = """
 SELECT name,
        count(*) FILTER (WHERE owner_id IS NULL),
        count(*) FILTER (WHERE owner_id IS NOT NULL),
-       coalesce(greatest(0, extract(epoch FROM
-           now() - min(posted_time) FILTER (WHERE owner_id IS NULL)))::float8, 0),
+       coalesce(greatest(0, extract(epoch FROM now() - min(greatest(posted_time, update_time))
+           FILTER (WHERE owner_id IS NULL)))::float8, 0),
        coalesce(max(retries) FILTER (WHERE owner_id IS NULL), 0)
 FROM {schema}.harmony_task
 WHERE name = ANY(%s)

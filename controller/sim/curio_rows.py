@@ -6,7 +6,9 @@ tables would hold (addresses from `controller.sim.addresses`):
 
     harmony_task      the queue's tasks: owner_id is the owning instance's harmony id (the
                       instance id as an int), NULL while pending or once the owner's machine
-                      row is gone (ON DELETE SET NULL); posted_time and retries as queued
+                      row is gone (ON DELETE SET NULL); posted_time and retries as queued;
+                      update_time is posted_time (tasks go back to pending here only with
+                      their node: Curio's recovery and ON DELETE SET NULL leave update_time)
     harmony_machines  the operator's nodes 1..operator_nodes (always heartbeating, owning no
                       tasks), then each live instance whose sidecar has been up and was last
                       seen at most curio_machine_timeout_s ago (Curio deletes silent machines):
@@ -121,7 +123,8 @@ class SimCurio:
         return rows
 
     def tasks(self) -> Iterator[TaskRow]:
-        """`harmony_task` now, as (name, owner_id, posted_time, retries); times virtual."""
+        """`harmony_task` now, as (name, owner_id, posted_time, retries); times virtual
+        (update_time is posted_time)."""
         listed = {inst.id for inst, _ in self._listed(self._now())}
         for task in _queued(self._world):
             owner = task.owner if task.owner in listed else None

@@ -1,9 +1,9 @@
 """A Curio task queue in a real PostgreSQL: a fresh schema per use, dropped after.
 
 `CurioDB` plays the Curio nodes: it posts tasks, claims them for a machine, finishes them (row
-deleted, history written) or releases them (retries + 1), and moves heartbeats, with every
-time taken from the database clock (`now() - age`). Schema names are random
-(`curio_t_<hex>`), so tests can run side by side in one database.
+deleted, history written), releases them (retries + 1) or restarts failed ones, and moves
+heartbeats, with every time taken from the database clock (`now() - age`). Schema names are
+random (`curio_t_<hex>`), so tests can run side by side in one database.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ class CurioDB:
         self.conninfo = conninfo
         self.schema = schema or f"curio_t_{secrets.token_hex(6)}"
         self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
+        self._started: dict[int, Any] = {}  # task id -> when claim() gave it to a node
 
     def __enter__(self) -> CurioDB:
         self._conn = psycopg.connect(self.conninfo, autocommit=True, connect_timeout=5)
@@ -64,31 +65,49 @@ class CurioDB:
         return int(rows[0][0])
 
     def post(self, name: str, n: int = 1, age_s: float = 0, retries: int = 0) -> list[int]:
+        """New tasks, posted `age_s` ago: update_time is posted_time, as when Curio adds one."""
         rows = self._exec(
             "INSERT INTO {s}.harmony_task (name, posted_time, update_time, added_by, retries)"
-            " SELECT %s, now() - make_interval(secs => %s), now(), 0, %s"
-            " FROM generate_series(1, %s) RETURNING id",
-            [name, age_s, retries, n],
+            " SELECT %s, now() - make_interval(secs => %s), now() - make_interval(secs => %s),"
+            " 0, %s FROM generate_series(1, %s) RETURNING id",
+            [name, age_s, age_s, retries, n],
         )
         return [int(r[0]) for r in rows]
 
     def claim(self, task_ids: Sequence[int], machine_id: int) -> None:
+        """A node takes the tasks: only owner_id changes, as in Curio's claim."""
         self._exec(
-            "UPDATE {s}.harmony_task SET owner_id = %s, update_time = now() WHERE id = ANY(%s)",
+            "UPDATE {s}.harmony_task SET owner_id = %s WHERE id = ANY(%s)",
             [machine_id, list(task_ids)],
         )
+        (started,) = self._exec("SELECT now()")[0]
+        self._started.update(dict.fromkeys(task_ids, started))
 
     def finish(self, task_ids: Sequence[int], result: bool = True, err: str = "") -> None:
-        """Delete the tasks and write one history row each, as a Curio node does on completion."""
+        """Delete the tasks and write one history row each, as a Curio node does on completion
+        (work_start: when it was claimed here, else when it was posted)."""
+        ids = list(task_ids)
         self._exec(
             "WITH done AS (DELETE FROM {s}.harmony_task WHERE id = ANY(%s)"
-            "  RETURNING id, name, posted_time, update_time, owner_id)"
+            "  RETURNING id, name, posted_time, owner_id)"
             " INSERT INTO {s}.harmony_task_history (task_id, name, posted, work_start, work_end,"
             "  result, err, completed_by_host_and_port)"
-            " SELECT d.id, d.name, d.posted_time, d.update_time, now(), %s, %s,"
-            "  coalesce(m.host_and_port, '')"
-            " FROM done d LEFT JOIN {s}.harmony_machines m ON m.id = d.owner_id",
-            [list(task_ids), result, err],
+            " SELECT d.id, d.name, d.posted_time, coalesce(s.started, d.posted_time), now(),"
+            "  %s, %s, coalesce(m.host_and_port, '')"
+            " FROM done d LEFT JOIN {s}.harmony_machines m ON m.id = d.owner_id"
+            " LEFT JOIN unnest(%s::int[], %s::timestamptz[]) AS s(id, started) ON s.id = d.id",
+            [ids, result, err, ids, [self._started.get(i) for i in ids]],
+        )
+        for i in ids:
+            self._started.pop(i, None)
+
+    def restart(self, task_id: int, name: str, posted_age_s: float) -> None:
+        """Put a failed task back under its own id and posted_time, as Curio's restart of a
+        failed task does (update_time now, no owner, no retries)."""
+        self._exec(
+            "INSERT INTO {s}.harmony_task (id, update_time, posted_time, added_by, name)"
+            " VALUES (%s, now(), now() - make_interval(secs => %s), 0, %s)",
+            [task_id, posted_age_s, name],
         )
 
     def release(self, task_ids: Sequence[int]) -> None:
