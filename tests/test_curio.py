@@ -21,7 +21,13 @@ from pydantic import ValidationError
 
 from controller.core.model import Demand
 from controller.fleet.base import DemandSensor, SensorError, StaleReading
-from controller.fleet.curio import CurioDemand, CurioSettings, connect, summarize
+from controller.fleet.curio import (
+    SERIALIZATION_ATTEMPTS,
+    CurioDemand,
+    CurioSettings,
+    connect,
+    summarize,
+)
 
 DSN = os.environ.get("FLEETGATE_TEST_PG_DSN", "host=127.0.0.1 port=5432 dbname=test user=postgres")
 PASSWORD = "Pw-" + secrets.token_hex(8)
@@ -408,6 +414,75 @@ def test_a_missing_table_is_a_sensor_error(db: CurioDB) -> None:
 
     with pytest.raises(SensorError, match=r"Curio demand query failed: .*harmony_task"):
         sensor(db).demand()
+
+
+# What YugabyteDB answers when it cannot serialize a statement (a read restart, a write racing
+# another on the same row): SQLSTATE 40001, raised here by the server itself
+RESTART_READ = (
+    "DO $$ BEGIN RAISE EXCEPTION 'Restart read required' USING ERRCODE = 'serialization_failure';"
+    " END $$"
+)
+
+
+class Conflicted:
+    """A `Connect` to the test database whose first `conflicts` transactions fail with 40001 at
+    their first statement after the statement timeout, as a busy YugabyteDB's may."""
+
+    def __init__(self, conflicts: int) -> None:
+        self.conflicts = conflicts
+        self.opened = 0
+
+    def __call__(self, settings: CurioSettings) -> psycopg.Connection[Any]:
+        conn = connect(settings)
+        self.opened += 1
+        if self.conflicts > 0:
+            self.conflicts -= 1
+            conn.cursor_factory = _ConflictingCursor
+        return conn
+
+
+class _ConflictingCursor(psycopg.Cursor[Any]):
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        if isinstance(query, sql.Composable):  # the sensor's own statements (not set_config)
+            query, params = RESTART_READ, None
+        return super().execute(query, params, **kwargs)
+
+
+def test_a_transaction_the_database_could_not_serialize_runs_again(db: CurioDB) -> None:
+    node = db.add_machine("10.0.0.1:12300")
+    db.claim(db.post("PoRep", 2), node)
+    db.post("PoRep", 3)
+    settings = CurioSettings(dsn=DSN, schema_name=db.schema, allow_drain=True)
+
+    conflicted = Conflicted(1)
+    demand = by_task(CurioDemand(settings, connect=conflicted).demand())
+    assert (demand["PoRep"].pending, demand["PoRep"].running) == (3, 2)
+    assert conflicted.opened == 2
+
+    conflicted = Conflicted(SERIALIZATION_ATTEMPTS - 1)
+    assert CurioDemand(settings, connect=conflicted).drain("10.0.0.1:12300") == 1
+    assert db.machine(node)["unschedulable"] is True
+    assert conflicted.opened == SERIALIZATION_ATTEMPTS
+
+    conflicted = Conflicted(1)
+    assert [m.id for m in CurioDemand(settings, connect=conflicted).machines()] == [node]
+    assert conflicted.opened == 2
+
+
+def test_a_transaction_that_never_serializes_is_a_sensor_error(db: CurioDB) -> None:
+    db.add_machine("10.0.0.1:12300")
+    settings = CurioSettings(dsn=DSN, schema_name=db.schema, allow_drain=True)
+    conflicted = Conflicted(SERIALIZATION_ATTEMPTS)
+
+    with pytest.raises(SensorError, match="undrain .*SerializationFailure: Restart read required"):
+        CurioDemand(settings, connect=conflicted).undrain("10.0.0.1:12300")
+    assert conflicted.opened == SERIALIZATION_ATTEMPTS
+
+    db.conn.execute(sql.SQL("DROP TABLE {}.harmony_task").format(sql.Identifier(db.schema)))
+    conflicted = Conflicted(0)
+    with pytest.raises(SensorError, match="harmony_task"):
+        CurioDemand(settings, connect=conflicted).demand()
+    assert conflicted.opened == 1  # any other failure is not run again
 
 
 def test_a_locked_table_times_out_at_the_statement_timeout(db: CurioDB) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, LiteralString
+from typing import Any, LiteralString, TypeVar
 from urllib.parse import quote
 
 import psycopg
@@ -37,6 +37,12 @@ from controller.store.backend import with_keepalives
 log = logging.getLogger(__name__)
 
 GPU_TASKS = ("PoRep", "UpdateProve", "PSProve", "WdPost", "WinPost")
+# A transaction the database could not serialize (40001: YugabyteDB's read restart, a conflict
+# with a concurrent write; 40P01: a deadlock) is run again, at most this many times in all:
+# clients are to retry these, as Curio's own database layer does.
+SERIALIZATION_ATTEMPTS = 3
+_TRANSIENT = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
+_T = TypeVar("_T")
 
 
 class CurioSettings(BaseModel):
@@ -238,9 +244,12 @@ class CurioDemand:
     def demand(self) -> list[Demand]:
         """Pending/running per configured task name (zeros included), then the weighted `all`."""
         names = list(self.settings.tasks)
-        with self._transaction("demand query", read_only=True) as cur:
+
+        def read(cur: psycopg.Cursor[Any]) -> tuple[list[tuple[Any, ...]], tuple[Any, ...] | None]:
             rows = cur.execute(self._sql(_DEMAND), [names]).fetchall()
-            live = cur.execute(self._sql(_LIVENESS)).fetchone()
+            return rows, cur.execute(self._sql(_LIVENESS)).fetchone()
+
+        rows, live = self._run("demand query", read, read_only=True)
         nodes, newest_age = (int(live[0]), live[1]) if live else (0, None)
         limit = self.settings.heartbeat_stale_s
         if nodes and newest_age is not None and float(newest_age) >= limit:
@@ -252,8 +261,8 @@ class CurioDemand:
         return summarize(self.settings.tasks, rows)
 
     def machines(self) -> list[CurioMachine]:
-        with self._transaction("machines query", read_only=True) as cur:
-            rows = cur.execute(self._sql(_MACHINES)).fetchall()
+        rows = self._run("machines query", lambda cur: cur.execute(self._sql(_MACHINES)).fetchall(),
+                         read_only=True)  # fmt: skip
         stale_s = self.settings.heartbeat_stale_s
         return [
             CurioMachine(int(i), str(hp), float(age), bool(u), int(n), stale=age >= stale_s)
@@ -265,8 +274,9 @@ class CurioDemand:
         (at most `measure_max_rows` rows): how many, and their mean duration."""
         s = self.settings
         params = [s.measure_window_s, list(s.tasks), s.measure_max_rows]
-        with self._transaction("task history query", read_only=True) as cur:
-            rows = cur.execute(self._sql(_TIMINGS), params).fetchall()
+        rows = self._run("task history query",
+                         lambda cur: cur.execute(self._sql(_TIMINGS), params).fetchall(),
+                         read_only=True)  # fmt: skip
         return [TaskTiming(str(hp), str(name), int(n), float(mean), float(covered))
                 for hp, name, n, mean, covered in rows
                 if hp and mean is not None and covered is not None]  # fmt: skip
@@ -294,7 +304,8 @@ class CurioDemand:
             raise SensorError(f"{verb} of Curio machine {machine!r} refused: it is protected")
         match = sql.SQL("{} = %s").format(sql.Identifier(column))
         query = self._sql(_SET_UNSCHEDULABLE, match=match)
-        with self._transaction(f"{verb} of machine {machine!r}", read_only=False) as cur:
+
+        def write(cur: psycopg.Cursor[Any]) -> int:
             protected = list(self.settings.protected_nodes)
             if protected and cur.execute(self._sql(_PROTECTED, match=match),
                                          [key, protected, protected]).fetchone():  # fmt: skip
@@ -310,6 +321,9 @@ class CurioDemand:
                     f"no Curio machine with {column} {key!r} in schema "
                     f"{self.settings.schema_name!r} ({verb} changed nothing)"
                 )
+            return int(changed)
+
+        changed = self._run(f"{verb} of machine {machine!r}", write, read_only=False)
         log.info("Curio machine %r: unschedulable=%s (%d row(s))", machine, value, changed)
         return changed
 
@@ -321,6 +335,22 @@ class CurioDemand:
         if not parts:
             self._queries[template] = query
         return query
+
+    def _run(self, what: str, work: Callable[[psycopg.Cursor[Any]], _T], *,
+             read_only: bool) -> _T:  # fmt: skip
+        """`work` in one transaction (`_transaction`), run again in a fresh one when the
+        database could not serialize it (YugabyteDB's read restart, a write racing a node's
+        heartbeat of the same row): such a failure is transient, and nothing of it was kept."""
+        for attempt in range(1, SERIALIZATION_ATTEMPTS + 1):
+            try:
+                with self._transaction(what, read_only=read_only) as cur:
+                    return work(cur)
+            except SensorError as exc:
+                if attempt == SERIALIZATION_ATTEMPTS or not isinstance(exc.__cause__, _TRANSIENT):
+                    raise
+                log.warning("%s (attempt %d of %d); running it again", exc, attempt,
+                            SERIALIZATION_ATTEMPTS)  # fmt: skip
+        raise AssertionError("unreachable")
 
     @contextmanager
     def _transaction(self, what: str, *, read_only: bool) -> Iterator[psycopg.Cursor[Any]]:
