@@ -230,3 +230,51 @@ def test_instances_on_one_host_never_take_each_others_node() -> None:
     curio.nodes.append(Node("1.0.0.9:40012", running_tasks=1))
     a, b = fleet.list_instances()
     assert (b.sidecar, b.tasks_running) == ("up", 1)
+
+
+class NetworkCurio(Curio):
+    """Curio's nodes and the config's `curio` section (its node networks)."""
+
+    def __init__(self, networks: list[str], *nodes: Node) -> None:
+        from controller.fleet.curio import CurioSettings
+
+        super().__init__(*nodes)
+        self.settings = CurioSettings.model_validate(
+            {"dsn": "host=127.0.0.1 dbname=curio", "node_networks": networks}, strict=False
+        )
+
+
+def test_a_node_behind_vasts_port_mapping_is_linked_on_a_configured_node_network() -> None:
+    """A Curio node listening on 0.0.0.0 in a vast container announces the container's own
+    address (or its overlay address), never the instance's public one: no node was ever
+    linked, so no instance could be drained and every destroy went to a person. With the node
+    network in the config, an agent's --host-and-port on it is believed, unless two agents
+    name the same node (neither's) or the node is off the network (the operator's)."""
+    vast = Vast([raw(11, "fg-a", "1.0.0.11"), raw(12, "fg-b", "1.0.0.12"),
+                 raw(13, "fg-c", "1.0.0.13"), raw(14, "fg-d", "1.0.0.14")])  # fmt: skip
+    records = Records(record("fg-a", host_and_port="100.64.0.11:12300"),
+                      record("fg-b", host_and_port="100.64.0.50:12300"),
+                      record("fg-c", host_and_port="100.64.0.50:12300"),
+                      record("fg-d", host_and_port="10.9.9.9:12300"))  # fmt: skip
+    nodes = (Node("100.64.0.11:12300", running_tasks=2), Node("100.64.0.50:12300", running_tasks=1),
+             Node("10.9.9.9:12300", running_tasks=5))  # fmt: skip
+    launched = {"11": "fg-a", "12": "fg-b", "13": "fg-c", "14": "fg-d"}
+
+    before = real_fleet(vast, records, Curio(*nodes), launched=launched).list_instances()
+    assert [(i.sidecar, i.tasks_running) for i in before] == [("unknown", 0)] * 4
+
+    fleet = real_fleet(vast, records, NetworkCurio(["100.64.0.0/10"], *nodes), launched)
+    a, b, c, d = fleet.list_instances()
+    assert (a.sidecar, a.tasks_running) == ("up", 2)
+    assert [(i.sidecar, i.tasks_running) for i in (b, c, d)] == [("unknown", 0)] * 3
+    fleet.save_learned()
+    assert ("fg-a", {"vast_id": "11", "machine_id": "7011",
+                     "host_and_port": "100.64.0.11:12300"}) in records.links  # fmt: skip
+
+
+@pytest.mark.parametrize("bad", ["100.64.0.0/33", "not-a-network", ""])
+def test_a_node_network_that_is_no_cidr_is_refused_by_name(bad: str) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="give a CIDR such as"):
+        NetworkCurio([bad])

@@ -14,6 +14,7 @@ in a message. Every failure is a `SensorError`: the reading is unknown, never "e
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
 import re
@@ -70,6 +71,15 @@ class CurioSettings(BaseModel):
         "or takes for a fleet instance's node, whatever an instance claims",
     )
 
+    node_networks: tuple[str, ...] = Field(
+        (),
+        description="networks (CIDR) whose addresses an agent's --host-and-port may name "
+        "although the instance's public address is another: what Curio nodes announce behind "
+        "vast's port mapping (the container's address) or on an overlay network. A node named "
+        "by two instances is neither's; keep the operator's own nodes off these networks or "
+        "in protected_nodes",
+    )
+
     measure_window_s: float = Field(
         6 * 3600.0, gt=0, le=7 * 86_400.0,
         description="how far back harmony_task_history is read to time each node's tasks",
@@ -93,6 +103,30 @@ class CurioSettings(BaseModel):
             if not node.strip() or len(node) > 300:
                 raise ValueError(f"protected node {node!r}: give a host:port or a machine id")
         return tuple(node.strip() for node in nodes)
+
+    @field_validator("node_networks", mode="before")
+    @classmethod
+    def _network_list(cls, networks: object) -> object:
+        return tuple(networks) if isinstance(networks, list) else networks
+
+    @field_validator("node_networks")
+    @classmethod
+    def _networks(cls, networks: tuple[str, ...]) -> tuple[str, ...]:
+        for network in networks:
+            try:
+                ipaddress.ip_network(network.strip(), strict=False)
+            except ValueError:
+                raise ValueError(f"node network {network!r}: give a CIDR such as "
+                                 "100.64.0.0/10") from None  # fmt: skip
+        return tuple(network.strip() for network in networks)
+
+    def on_node_network(self, host: str) -> bool:
+        """Whether `host` (an IP address) lies in one of `node_networks`."""
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        return any(address in ipaddress.ip_network(n, strict=False) for n in self.node_networks)
 
     def protects(self, machine_id: int | None, host_and_port: str | None) -> bool:
         """Whether the config lists this Curio node (by its id or its host_and_port)."""

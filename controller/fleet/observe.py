@@ -18,6 +18,7 @@ reported (lifecycle), whether cuzk answers (health) and what Curio says of their
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, is_dataclass, replace
 from typing import Any, Protocol, cast
@@ -94,6 +95,14 @@ def node_host(host_and_port: str) -> str:
     return host.strip("[]")
 
 
+def vouched(claimed: str, inst_ip: str, on_network: Callable[[str], bool],
+            shared: Set[str]) -> bool:  # fmt: skip
+    """Whether an agent's named node may be its instance's: on the instance's public address,
+    or on a node network and named by no other instance."""
+    host = node_host(claimed)
+    return not inst_ip or host == inst_ip or (on_network(host) and claimed not in shared)
+
+
 @dataclass(frozen=True)
 class Link:
     """How one listed instance was joined to its agent's record and its Curio node."""
@@ -104,13 +113,16 @@ class Link:
 
 
 def find_node(inst_ip: str, record: Record | None, by_node: Mapping[str, Machine],
-              by_host: Mapping[str, list[Machine]],
-              taken: Set[str] = frozenset()) -> Machine | None:  # fmt: skip
+              by_host: Mapping[str, list[Machine]], taken: Set[str] = frozenset(), *,
+              on_network: Callable[[str], bool] = lambda host: False,
+              shared: Set[str] = frozenset()) -> Machine | None:  # fmt: skip
     """The instance's Curio node: the one its agent named, if that node's host is the
-    instance's public address; else the only node on that address that no other instance's
-    record names (instances on one host share its address)."""
+    instance's public address, or lies on one of the config's node networks (`on_network`:
+    a node behind vast's port mapping or on an overlay announces such an address) and no
+    other instance's agent names it too (`shared`); else the only node on the public address
+    that no other instance's record names (instances on one host share its address)."""
     claimed = record.host_and_port if record is not None else None
-    if claimed and claimed in by_node and (not inst_ip or node_host(claimed) == inst_ip):
+    if claimed and claimed in by_node and vouched(claimed, inst_ip, on_network, shared):
         return by_node[claimed]
     on_host = [m for m in by_host.get(inst_ip, []) if m.host_and_port not in taken] \
         if inst_ip else []  # fmt: skip
@@ -294,7 +306,9 @@ class RealFleet:
         for m in machines:
             by_host.setdefault(node_host(m.host_and_port), []).append(m)
         links = {}
-        named = {r.host_and_port for r in records.values() if r.host_and_port}
+        claims = Counter(r.host_and_port for r in records.values() if r.host_and_port)
+        named, shared = set(claims), {hp for hp, n in claims.items() if n > 1}
+        on_network = self._on_node_network
         for inst in own:
             # an own instance has a launch label (vast's, else the launch's that rented it): it
             # speaks through that label's record only, never an agent's claim of its vast id
@@ -302,13 +316,20 @@ class RealFleet:
             record = records.get(label) if label else None
             ip = self._address(inst.id)
             node = find_node(ip, record, by_node, by_host, named - {record.host_and_port}
-                             if record is not None else named)  # fmt: skip
+                             if record is not None else named, on_network=on_network,
+                             shared=shared)  # fmt: skip
             if record is not None:
                 record = self._remember(record, inst, node)
             known = bool(record and record.host_and_port
-                         and (not ip or node_host(record.host_and_port) == ip))  # fmt: skip
+                         and vouched(record.host_and_port, ip, on_network, shared))  # fmt: skip
             links[inst.id] = Link(record, node, known)
         return links
+
+    def _on_node_network(self, host: str) -> bool:
+        """Whether the config's Curio node networks hold `host` (none are set by default)."""
+        settings = getattr(self.curio, "settings", None)
+        on_network = getattr(settings, "on_node_network", None)
+        return bool(on_network and getattr(settings, "node_networks", ()) and on_network(host))
 
     def _protected(self, machine: Machine) -> bool:
         """A node the config protects (the operator's own) is never a fleet instance's node,
