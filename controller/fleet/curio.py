@@ -224,7 +224,7 @@ GROUP BY m.id, m.host_and_port, m.last_contact, m.unschedulable
 ORDER BY m.id
 """
 
-# Curio's nodes heartbeat into harmony_machines every few seconds: when none has for
+# Curio's nodes heartbeat into harmony_machines once a minute: when none has for
 # heartbeat_stale_s, the queue we read is not being worked or not current (a stopped cluster,
 # a lagging replica), and its numbers must not drive scaling.
 _LIVENESS = """
