@@ -9,7 +9,7 @@ from support import fact
 from controller.core import guards
 from controller.core.model import Decision, Proposal
 from controller.core.policy import Guards
-from controller.core.track import History
+from controller.core.track import History, Track
 
 NOW = 100_000.0
 
@@ -141,6 +141,19 @@ def test_crash_loop_limit_and_cooldowns() -> None:
         one(act("restart_daemon", instance="i1"), ctx(fact("instance", "i1"), hist=h)).verdict
         == "act"
     )
+
+
+def test_a_daemon_whose_status_server_never_answered_is_not_restarted_but_asked_about() -> None:
+    down = fact("instance", "i1", daemon="down", restarts_1h=0)
+    never = Track("i1", "m1", 0.0, "running", 0.0, "running", 0.0, "down", 0.0, ever_up=True)
+    c = ctx(down, hist=History(instances={"i1": never}))
+    [d], doubts = guards.check([act("restart_daemon", instance="i1")], c)
+    assert (d.verdict, d.guard) == ("veto", "daemon_never_answered")
+    assert [x.kind for x in doubts] == ["guard_veto"] and "status_listen" in doubts[0].summary
+    person = act("restart_daemon", proposer="human:ops", instance="i1")
+    assert one(person, c).verdict == "act"  # a person who looked may restart it
+    answered = History(instances={"i1": never._replace(answered=True)})
+    assert one(act("restart_daemon", instance="i1"), ctx(down, hist=answered)).verdict == "act"
 
 
 def test_pause_and_sensing_failures_hold_fleet_changes() -> None:

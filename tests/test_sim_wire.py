@@ -88,6 +88,28 @@ def test_a_restart_goes_to_the_agent_not_to_a_vast_reboot(tmp_path: Path) -> Non
     app.close()
 
 
+def test_a_daemon_whose_status_server_never_answers_is_asked_about_not_restarted(
+    tmp_path: Path,
+) -> None:
+    """cuzk's status server is off unless `status_listen` is set (and may listen on 127.0.0.1
+    only): its daemon runs and proves, yet never answers the probe. Restarting it used to kill
+    its proofs at every cooldown, with no restart ever counted toward the crash-loop limit."""
+    world = {**WORLD, "daemon_death_per_h": 0.0, "foreign_instances": 0,
+             "status_closed_fraction": 1.0}  # fmt: skip
+    config = Config.model_validate({"sim": {"world": world}, "escalation": {"channels": []}})
+    app = assemble(config, state=tmp_path / "state", clock=time.time, sleep=time.sleep)
+    for _ in range(60):
+        app.controller.tick()
+    rows = app.journal.actions.recent(10_000)
+    assert app.wire.probes.calls["status"] > 0  # probed, and never answered
+    assert not [r for r in rows if r["action"] == "restart_daemon" and r["verdict"] == "act"]
+    assert [r for r in rows if r["guard"] == "daemon_never_answered"]
+    asked = [e for e in app.journal.escalations.recent() if e["kind"] == "guard_veto"]
+    assert asked and "never answered GET /status" in asked[0]["summary"]
+    assert app.wire.agents.service.calls["command_done"] == 0  # no daemon was killed
+    app.close()
+
+
 def test_an_account_of_more_than_ten_thousand_instances_is_listed_whole() -> None:
     """401 pages of 25: the listing used to stop at 400 pages and fail every tick from then on."""
     import requests

@@ -123,6 +123,18 @@ def test_without_debounce_one_failed_probe_is_down_and_unprobed_daemons_reset_th
     assert seen == "unknown" and hist.instances["1"].probe_fails == 0
 
 
+def test_a_failed_probe_read_as_up_is_no_answer_from_the_status_server() -> None:
+    d = Debounce(count=2, after_s=60.0)
+    hist, seen, _ = probed(History(), 0.0, "down", d)
+    assert seen == "up" and not hist.instances["1"].answered  # a blip, not an answer
+    hist, seen, _ = probed(hist, 100.0, "down", d)
+    assert seen == "down" and not hist.instances["1"].answered
+    hist, seen, _ = probed(hist, 130.0, "up", d)
+    assert hist.instances["1"].answered
+    hist, seen, _ = probed(hist, 200.0, "down", d)
+    assert hist.instances["1"].answered  # once answered, for good
+
+
 def test_a_track_stored_before_probe_counting_loads_and_stays_down() -> None:
     old = Track("1", "m1", 0.0, "running", 0.0, "running", 0.0, "down", 5.0)
     hist = History(instances={"1": old})

@@ -263,7 +263,29 @@ def _on_instance(d: Decision, ctx: Context, b: _Budget, doubts: list[Doubt]) -> 
             f"{inst['restarts_1h']} restarts in the last hour "
             f"(limit {ctx.limits.crash_loop_limit}): replace it instead",
         )
+    person = d.proposal.proposer.startswith("human:")  # who answered knows what it cannot tell
+    if action == "restart_daemon" and not person and (why := _never_answered(inst, ctx)):
+        doubts.append(Doubt("guard_veto", f"instance:{inst.get('id')}",
+                            f"{d.proposal.proposer} wants to restart the daemon on instance "
+                            f"{inst.get('id')}, but {why}", facts=(inst,),
+                            key={"guard": "daemon_never_answered"},
+                            proposals=(d.proposal,)))  # fmt: skip
+        return _veto(d, "daemon_never_answered", why)
     return _cooldown(d, ctx) or d
+
+
+def _never_answered(inst: dict[str, Any], ctx: Context) -> str:
+    """Why a daemon restart cannot help, when cuzk's status server on `inst` never answered:
+    a daemon that is down and was never seen up cannot be told from one whose status server
+    is off (cuzk's default) or listens on 127.0.0.1 only, and a restart of a daemon that runs
+    kills the proofs in it (again at every cooldown: with no answer there is no restart to
+    count toward the crash-loop limit)."""
+    track = ctx.hist.instances.get(str(inst.get("id")))
+    if inst.get("daemon") != "down" or track is None or track.answered:
+        return ""
+    return ("its cuzk never answered GET /status: its status server may be off (cuzk's "
+            "[daemon] status_listen is empty by default) or listen on 127.0.0.1 only; a restart "
+            "cannot tell and would kill any proof it runs")  # fmt: skip
 
 
 def _stop(d: Decision, inst: dict[str, Any], ctx: Context, b: _Budget,

@@ -53,6 +53,9 @@ class Track(NamedTuple):
     # when it first reached stage running (first seen so: then); a later return to running
     # (after a start, a reboot) is not a boot
     served_at: float | None = None
+    # cuzk's status server answered once (a failed probe not yet counted as down reads as up
+    # but is no answer): one that never did may be off, not dead
+    answered: bool = False
     uptime: float | None = None  # last: changes every tick, so `t[:-1]` is all that matters
 
 
@@ -281,7 +284,7 @@ def _step(old: Track, inst: Instance, now: float) -> tuple[Track, list[Event]]:
     track = Track(old.id, old.machine_id, old.first_seen, inst.stage, stage_since, inst.status,
                   status_since, inst.daemon, daemon_since, idle_since, inst.bench_rate,
                   old.ever_up or inst.daemon == "up", served_at=served,
-                  uptime=inst.daemon_uptime_s)  # fmt: skip
+                  answered=old.answered, uptime=inst.daemon_uptime_s)  # fmt: skip
     return track, events
 
 
@@ -318,9 +321,12 @@ def advance(hist: History, obs: Observation, now: float, debounce: Debounce = NO
     for inst in obs.instances:
         old = hist.instances.get(inst.id)
         daemon, fails, since = probe(old, inst, now, debounce)
+        answered = inst.daemon == "up"  # as probed, before a failure reads as up
         if daemon != inst.daemon:
             inst = replace(inst, daemon=daemon)
         track, evs = _first(inst, now) if old is None else _step(old, inst, now)
+        if answered and not track.answered:
+            track = track._replace(answered=True)
         if fails or (old is not None and old.probe_fails):
             track = track._replace(probe_fails=fails, probe_failing_since=since)
         if inst.id in stopped or (

@@ -89,6 +89,12 @@ class SimConfig(BaseModel):
         default=0.05,
         description="Chance per launch of sticking forever in loading, params or bench.",
     )
+    status_closed_fraction: Fraction = Field(
+        default=0.0,
+        description="Chance per launch that cuzk's status server never answers from outside "
+        "the container while the daemon runs (cuzk's status_listen is empty by default, or "
+        "127.0.0.1 only).",
+    )
 
     # --- faults (hazards apply only while the instance's status is "running")
     daemon_death_per_h: Hazard = Field(

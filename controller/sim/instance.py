@@ -37,6 +37,7 @@ class SimInstance:
     durations: dict[str, float]  # lifecycle stage -> seconds it lasts (drawn at launch)
     bench_factor: float  # measured bench_rate = machine rate x this
     stuck: str = ""  # the stage it sticks in forever ("loading", "params", "bench"), "" if none
+    status_closed: bool = False  # cuzk's status server does not answer from outside
     status: str = "provisioning"
     stage: str = "provisioning"
     daemon: str = "down"

@@ -46,6 +46,8 @@ def new_instance(
     }
     bench_factor = rng.uniform(*config.bench_noise)
     stuck = rng.choice(STUCK_STAGES) if rng.random() < config.stuck_fraction else ""
+    # drawn only when asked for: the other draws (and the benchmarks) stay as they were
+    closed = config.status_closed_fraction > 0 and rng.random() < config.status_closed_fraction
     return SimInstance(
         id=instance_id,
         label=label,
@@ -54,6 +56,7 @@ def new_instance(
         durations=durations,
         bench_factor=bench_factor,
         stuck=stuck,
+        status_closed=closed,
         stage_until=now + durations["provisioning"],
     )
 

@@ -55,6 +55,6 @@ def _answer(
         return DaemonHealth(False, None, f"cannot connect to {netloc}: Connection refused")
     if inst.status != "running":  # frozen, rebooting: the port does not answer
         return DaemonHealth(False, None, f"timed out after {timeout_s:g}s at {netloc}")
-    if inst.daemon != "up":
+    if inst.daemon != "up" or inst.status_closed:  # a status server off or on 127.0.0.1 only
         return DaemonHealth(False, None, f"cannot connect to {netloc}: Connection refused")
     return DaemonHealth(True, inst.uptime(now), "")
