@@ -204,6 +204,25 @@ def test_a_queued_restart_is_picked_by_one_heartbeat_and_restarts_the_daemon(
     assert ISSUED["fg-a1"] not in out.stderr + out.stdout + again.stderr
 
 
+def test_a_restart_of_a_daemon_that_had_exited_starts_it_and_is_reported_ok(
+    supervisord: Supervisord, controller: Controller
+) -> None:
+    """supervisorctl answers the restart's stop with `cuzk: ERROR (not running)`, then starts it."""
+    store = controller.store
+    store.register("fg-a1", "4242", 10.0, None, now=900.0)
+    assert supervisord.run("stop", "cuzk").returncode == 0 and supervisord.pid() == 0
+    cid = store.queue_command("fg-a1", "restart_daemon", now=990.0, deadline_s=300.0)
+    out = agent(env(controller.url), "heartbeat-loop", "--once", "--supervisorctl",
+                supervisord.ctl, "--program", "cuzk")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert supervisord.pid() > 0, "the daemon was not started"
+    done = store.command(cid)
+    assert done is not None and done.result is not None
+    assert "ERROR (not running)" in done.result["detail"] and "cuzk: started" in done.result[
+        "detail"]  # fmt: skip
+    assert done.result["ok"] is True
+
+
 def test_a_failed_restart_is_reported_as_not_ok(
     supervisord: Supervisord, controller: Controller
 ) -> None:

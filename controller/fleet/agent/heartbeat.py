@@ -63,8 +63,12 @@ class Supervisor:
         return state, uptime
 
     def restart(self) -> tuple[bool, str]:
+        """`supervisorctl restart` is a stop, then a start: a daemon that had exited (the case
+        a restart is for) answers the stop with `ERROR (not running)`, and is then started."""
         rc, text = self._run("restart", self.program)
-        return rc == 0 and "ERROR" not in text, text[:1000]
+        failed = [line for line in text.splitlines()
+                  if "ERROR" in line and "ERROR (not running)" not in line]  # fmt: skip
+        return rc == 0 and not failed, text[:1000]
 
 
 class Heartbeats:
