@@ -151,7 +151,7 @@ CREATE TABLE IF NOT EXISTS hosts (
             stored = _version(read, TRACKS_VERSION)
         if self._tracks is None or stored != self._tracks_version:
             rows = read("SELECT data FROM tracks", ())
-            self._tracks = {t.id: t for t in (Track(**loads(r["data"])) for r in rows)}
+            self._tracks = {t.id: t for t in (_track(loads(r["data"])) for r in rows)}
             self._tracks_version = stored
         return self._tracks
 
@@ -274,6 +274,14 @@ CREATE TABLE IF NOT EXISTS hosts (
             replacing=frozenset(r["new_id"] for r in waiting if r["new_id"]),
             retiring=frozenset(r["old_id"] for r in waiting),
         )  # fmt: skip
+
+
+def _track(data: dict[str, Any]) -> Track:
+    """A stored track; one saved before tracks kept `answered` (cuzk's status server answered
+    once) takes it from `ever_up`, the best that was known then."""
+    if "answered" not in data:
+        data = {**data, "answered": bool(data.get("ever_up"))}
+    return Track(**data)
 
 
 def _version(read: Read, key: str) -> str | None:

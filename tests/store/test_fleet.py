@@ -143,3 +143,21 @@ def test_a_host_blocked_again_counts_its_failures(j: Journal) -> None:
     [host] = j.fleet.hosts()
     assert (host["failures"], host["blocked_until"], host["block_reason"]) == (2, 200.0, "again")
     assert j.fleet.history(0.0).host_failures == {"m1": 2}
+
+
+def test_a_track_stored_before_answered_was_kept_takes_it_from_ever_up(j: Journal) -> None:
+    """Tracks saved by an earlier version lack `answered`: read back with False, every daemon
+    down after an upgrade was asked about instead of restarted until it answered again."""
+    from controller.store.aggregate import dumps
+
+    saved = {**_track("1", 10)._asdict(), "ever_up": True}
+    del saved["answered"]
+    never = {**_track("2", 10)._asdict(), "ever_up": False}
+    del never["answered"]
+    with j.tx() as db:
+        db.executemany("INSERT INTO tracks (id, data) VALUES (?, ?)",
+                       [("1", dumps(saved)), ("2", dumps(never))])  # fmt: skip
+    other = peer(j)
+    tracks = other.fleet.tracks()
+    other.close()
+    assert (tracks["1"].answered, tracks["2"].answered) == (True, False)
