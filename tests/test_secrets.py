@@ -75,7 +75,7 @@ def mailbox() -> Iterator[tuple[Mailbox, int]]:
         server.stop()
 
 
-def config_text(llm: str, rx: str, smtp_port: int, api_port: int) -> str:
+def config_text(llm: str, rx: str, ntfy: str, smtp_port: int, api_port: int) -> str:
     return f"""
 interval_s: 0.01
 escalation:
@@ -88,7 +88,7 @@ escalation:
     - {{type: slack, webhook_url: {{env: FG_SLACK_URL}}}}
     - {{type: email, host: 127.0.0.1, port: {smtp_port}, security: none, username: fleetgate,
        password: {{env: FG_SMTP_PASSWORD}}, sender: fg@example.org, recipients: [ops@example.org]}}
-    - {{type: ntfy, url: '{rx}/ntfy', topic: fleet, token: {{env: FG_NTFY_TOKEN}}}}
+    - {{type: ntfy, url: '{ntfy}', topic: fleet, token: {{env: FG_NTFY_TOKEN}}}}
     - {{type: pagerduty, routing_key: {{env: FG_PD_KEY}}, url: '{rx}/pagerduty'}}
     - {{type: alertmanager, url: '{rx}/am'}}
 api: {{listen: '127.0.0.1:{api_port}', token: {{env: FG_API_TOKEN}}}}
@@ -103,10 +103,10 @@ def test_no_secret_in_prompts_messages_logs_or_the_journal(
     tmp_path: Path, mailbox: tuple[Mailbox, int]
 ) -> None:
     box, smtp_port = mailbox
-    with FakeOpenAI(default="never_tools") as llm, Receiver() as rx:
+    with FakeOpenAI(default="never_tools") as llm, Receiver() as rx, Receiver() as ntfy:
         cfg = tmp_path / "fleetgate.yaml"
         rules = rules_leaving_frozen_to_people(tmp_path / "rules")  # something to escalate
-        text = config_text(llm.url, rx.url, smtp_port, free_port())
+        text = config_text(llm.url, rx.url, ntfy.url, smtp_port, free_port())
         cfg.write_text(f"rules: ['{rules}']\n" + text)
         env = dict(os.environ, **SECRETS, FG_WEBHOOK_URL=f"{rx.url}/hook/{WEBHOOK_PATH}",
                    FG_SLACK_URL=f"{rx.url}/slack/{SLACK_PATH}")  # fmt: skip
@@ -118,14 +118,17 @@ def test_no_secret_in_prompts_messages_logs_or_the_journal(
         out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-3000:]
         requests = list(rx.requests)
+        ntfy_requests = list(ntfy.requests)  # ntfy takes a JSON publish at its root only
         prompts = json.dumps(llm.chat_bodies)
         llm_headers = [r.headers for r in llm.requests]
 
     # it really ran: an escalation reached every channel and the LLM was asked
     assert "ESCALATION #" in out.stdout and prompts != "[]"
     by_path = {p: [r for r in requests if r.path.startswith(p)] for p in
-               ("/hook/", "/slack/", "/ntfy", "/pagerduty", "/am")}  # fmt: skip
+               ("/hook/", "/slack/", "/pagerduty", "/am")}  # fmt: skip
+    by_path["/ntfy"] = ntfy_requests
     assert all(by_path.values()), {p: len(v) for p, v in by_path.items()}
+    assert all(r.path == "/" for r in ntfy_requests)
     assert box.messages
 
     # secrets went only where their protocols need them
@@ -137,7 +140,7 @@ def test_no_secret_in_prompts_messages_logs_or_the_journal(
     assert all(b.pop("routing_key") == SECRETS["FG_PD_KEY"] for b in pd_bodies)
 
     found = leaks("prompts", prompts)
-    for r in requests:
+    for r in [*requests, *ntfy_requests]:
         body = json.dumps(r.json) if not r.path.startswith("/pagerduty") else ""
         found += leaks(f"message body {r.path[:12]}", body)
     found += leaks("pagerduty bodies", json.dumps(pd_bodies))

@@ -20,7 +20,9 @@ Must NOT retry beyond escalation.channels.http.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
@@ -30,6 +32,9 @@ from escalation.channels.http import HttpClient, rendered_object, require
 
 MAX_MESSAGE_BYTES = 4000  # ntfy turns a message over 4096 bytes into an attachment, or refuses it
 _CUT = "\n… (cut; the full message is in the other channels)"
+TOPIC = re.compile(r"[-_A-Za-z0-9]{1,64}\Z")  # what an ntfy server takes as a topic
+RESERVED = ("docs", "static", "file", "app", "metrics", "account", "settings", "signup",
+            "login", "v1")  # fmt: skip
 
 
 def cap_bytes(text: str, limit: int) -> str:
@@ -41,12 +46,30 @@ def cap_bytes(text: str, limit: int) -> str:
     return data[:room].decode("utf-8", errors="ignore") + _CUT
 
 
-def check_ntfy(topic: str, priority: int) -> None:
-    """ValueError unless `topic` and `priority` are usable (the settings' and the class's check)."""
+def check_ntfy(url: str, topic: str, priority: int) -> None:
+    """ValueError unless `url`, `topic` and `priority` are usable (the settings' and the class's
+    check). ntfy takes a JSON publish only at its root: posted to /<topic>, the JSON is itself
+    the message, sent as text without title, priority or buttons. The errors never quote the
+    topic (a secret) nor the URL's path (which may be one)."""
     if not 1 <= priority <= 5:
         raise ValueError(f"ntfy priority must be 1 (min) to 5 (max), got {priority!r}")
     if not topic:
         raise ValueError("ntfy topic must not be empty")
+    if not TOPIC.match(topic):
+        odd = sorted({c for c in topic if not TOPIC.match(c)})
+        raise ValueError(f"ntfy topic must be 1 to 64 letters, digits, - and _ (ntfy refuses"
+                         f" others), got {len(topic)} characters"
+                         f"{', with ' + repr(''.join(odd)) if odd else ''}")  # fmt: skip
+    if topic in RESERVED:  # ntfy's own paths: every ntfy server refuses them as topics
+        raise ValueError(f"ntfy topic {topic!r} is one of ntfy's own paths, which it refuses as"
+                         f" a topic: {', '.join(RESERVED)}")  # fmt: skip
+    try:
+        path = urlsplit(url).path
+    except ValueError:
+        path = ""
+    if path.strip("/"):
+        raise ValueError("ntfy url must be the server alone (e.g. https://ntfy.example.org),"
+                         " without a path: the topic goes in `topic`")  # fmt: skip
 
 
 class NtfySettings(BaseModel):
@@ -55,14 +78,15 @@ class NtfySettings(BaseModel):
     model_config = ConfigDict(allow_inf_nan=False, extra="forbid", frozen=True, strict=True)
 
     type: Literal["ntfy"] = "ntfy"
-    url: HttpUrl = Field(description="the ntfy server, e.g. https://ntfy.example.org")
-    topic: str = Field(description="give it access control: its subscribers can answer")
+    url: HttpUrl = Field(description="the ntfy server, e.g. https://ntfy.example.org (no path)")
+    topic: str = Field(description="letters, digits, - and _ (at most 64); give it access "
+                       "control: its subscribers can answer")  # fmt: skip
     token: Secret | None = Field(None, description="ntfy access token")
     priority: int = Field(4, description="1 (min) to 5 (max)")
 
     @model_validator(mode="after")
     def _usable(self) -> NtfySettings:
-        check_ntfy(self.topic, self.priority)
+        check_ntfy(self.url, self.topic, self.priority)
         return self
 
 
@@ -83,7 +107,7 @@ class NtfyChannel:
         name: str = "ntfy",
         http: HttpClient | None = None,
     ) -> None:
-        check_ntfy(topic, priority)
+        check_ntfy(url, topic, priority)
         self.name = name
         self.url = url
         self._topic = topic

@@ -166,3 +166,32 @@ def test_bad_settings_are_refused(http: HttpClient) -> None:
     assert "tk_" not in repr(ntfy("http://127.0.0.1:1", http)) and TOPIC not in repr(
         ntfy("http://127.0.0.1:1", http)
     )
+
+
+def test_a_topic_ntfy_refuses_is_refused_before_anything_is_sent(http: HttpClient) -> None:
+    """ntfy takes a topic of 1 to 64 letters, digits, - and _, and never one of its own paths:
+    it answered every publish to another one with 400, so nobody heard of any escalation."""
+    for topic, why in (
+        ("fleet.ops", r"got 9 characters, with '\.'"),
+        ("fleet/ops", r"with '/'"),
+        ("ops alerts!", r"with ' !'"),
+        ("x" * 65, r"got 65 characters\Z"),
+        ("docs", r"'docs' is one of ntfy's own paths"),
+        ("v1", r"'v1' is one of ntfy's own paths"),
+    ):
+        with pytest.raises(ValueError, match=why) as caught:
+            NtfyChannel("https://ntfy.example.org", topic, http=http)
+        assert "letters, digits, - and _" in str(caught.value) or "own paths" in str(caught.value)
+    for topic in ("x" * 64, "Fleet_ops-2", "Docs"):
+        NtfyChannel("https://ntfy.example.org", topic, http=http)
+
+
+def test_a_url_that_names_a_topic_is_refused_without_quoting_it(http: HttpClient) -> None:
+    """Posted to https://ntfy.example.org/<topic>, ntfy published the JSON itself as the text of
+    a plain notification (no title, priority or buttons), and answered 200."""
+    for url in (f"https://ntfy.example.org/{TOPIC}", f"https://ntfy.example.org/x/{TOPIC}/"):
+        with pytest.raises(ValueError, match="without a path: the topic goes in `topic`") as caught:
+            NtfyChannel(url, TOPIC, http=http)
+        assert TOPIC not in str(caught.value)
+    for url in ("https://ntfy.example.org", "https://ntfy.example.org/", "http://127.0.0.1:80"):
+        NtfyChannel(url, TOPIC, http=http)

@@ -657,7 +657,7 @@ escalation:
     - console
     - file
     - {{type: webhook, url: {{env: FG_CHAOS_HOOK}}}}
-    - {{type: ntfy, url: '{rx.url}/ntfy', topic: fleet, token: {{env: FG_CHAOS_NTFY_TOKEN}}}}
+    - {{type: ntfy, url: '{rx.url}', topic: fleet, token: {{env: FG_CHAOS_NTFY_TOKEN}}}}
     - {{type: pagerduty, routing_key: {{env: FG_CHAOS_PD_KEY}}, url: '{rx.url}/pagerduty'}}
 api: {{listen: '127.0.0.1:1', token: {{env: FG_CHAOS_API_TOKEN}}}}
 """)  # fmt: skip
