@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 
 import requests
+import urllib3.exceptions
 
 MAX_RETRY_AFTER_S = 30.0  # the longest Retry-After honoured
 _ERRNO = re.compile(r"\[Errno -?\d+\][^'\")]*")
@@ -44,7 +45,8 @@ def read_body(response: requests.Response, *, limit: int, within_s: float,
     `within_s` seconds. A read timeout bounds each wait for a byte, not the whole body: a
     server that sends one byte a second would otherwise hold the reader for as long as it
     likes, and one that sends gigabytes would fill memory. The body becomes the response's
-    content (`.text`, `.json()`); BodyError otherwise."""
+    content (`.text`, `.json()`); BodyError otherwise, also for a body that stops coming
+    within the timeout or is cut off: urllib3 raises its own errors there, not requests'."""
     deadline = clock() + within_s
     chunks: list[bytes] = []
     size = 0
@@ -52,7 +54,12 @@ def read_body(response: requests.Response, *, limit: int, within_s: float,
         while True:
             if clock() > deadline:
                 raise BodyError(f"the response took over {within_s:g} s to arrive")
-            chunk = response.raw.read1(65536, decode_content=True)  # one receive at most
+            try:
+                chunk = response.raw.read1(65536, decode_content=True)  # one receive at most
+            except urllib3.exceptions.TimeoutError as exc:
+                raise BodyError("the response stopped arriving (timed out)") from exc
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                raise BodyError(f"the response broke off ({type(exc).__name__})") from exc
             if not chunk:
                 break
             size += len(chunk)

@@ -4,6 +4,7 @@ bound, and what it echoes back of a secret is taken out, in whatever form it ech
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -89,6 +90,35 @@ def test_a_trickling_endpoint_is_a_failed_attempt_within_twice_the_timeout() -> 
         with pytest.raises(ChannelError, match=r"the response took over 1 s to arrive \(gave up"):
             http.post_json(url + "/hook", {"a": 1})
         assert time.monotonic() - started < 10  # two attempts of about 1 s, not 40 s
+
+
+def cut_off(status: str, sent: bytes, promised: int, stall_s: float = 0.0) -> Reply:
+    """Headers that promise `promised` bytes, `sent` of them, then a stall or a closed socket
+    (what a proxy or load balancer in front of the far end does when it drops a connection)."""
+
+    def reply(conn: socket.socket) -> None:
+        conn.sendall(f"HTTP/1.1 {status}\r\nContent-Length: {promised}\r\n\r\n".encode() + sent)
+        time.sleep(stall_s)
+
+    return reply
+
+
+@pytest.mark.parametrize(("stall_s", "why"), [
+    (0.0, r"the response broke off \(ProtocolError\)"),
+    (3.0, r"the response stopped arriving \(timed out\)"),
+])  # fmt: skip
+def test_a_body_cut_off_or_stalled_is_a_failed_attempt_tried_again(
+    stall_s: float, why: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """urllib3, not requests, raises while the body is read: it escaped the retries as an
+    unexpected exception instead of a ChannelError."""
+    sleeps: list[float] = []
+    with raw_server(cut_off("503 Service Unavailable", b"busy", 100, stall_s)) as url:
+        http = HttpClient(timeout_s=0.5, retries=1, backoff_s=0.25, sleep=sleeps.append)
+        with pytest.raises(ChannelError, match=r"\(gave up after 2 attempts\)") as caught:
+            http.post_json(url + "/hooks/s3cr3t", {"a": 1})
+    assert sleeps == [0.25] and "s3cr3t" not in str(caught.value)
+    assert re.search(why + "; retry 1 of 1", caplog.text), caplog.text
 
 
 def test_a_flooding_endpoint_is_read_no_further_than_the_bound() -> None:
