@@ -73,7 +73,7 @@ def _slack(s: SlackSettings, seams: ChannelSeams) -> Channel:
 
 
 def _email(s: EmailSettings, seams: ChannelSeams) -> Channel:
-    return EmailChannel(host=s.host, port=s.port, security=s.security, username=s.username,
+    return EmailChannel(host=s.host, port=s.smtp_port(), security=s.security, username=s.username,
                         password=s.password, sender=s.sender, recipients=list(s.recipients),
                         timeout_s=s.timeout_s, retries=s.retries, backoff_s=s.backoff_s,
                         sleep=seams.sleep)  # fmt: skip

@@ -5,9 +5,9 @@ KIND SUBJECT: SUMMARY`, capped), an empty line, then the body (message.txt.j2). 
 the Subject line (the Notifier's built-in text when a template failed) is sent whole, under a
 subject built here, so people still hear.
 
-security: "tls" connects with TLS (SMTPS, usually port 465); "starttls" connects in plain and
-must upgrade (usually 587; a server that does not offer STARTTLS is an error, never a silent
-downgrade); "none" sends in plain (a local relay).
+security: "tls" connects with TLS (SMTPS, port 465 unless given); "starttls" connects in plain
+and must upgrade (587 unless given; a server that does not offer STARTTLS is an error, never a
+silent downgrade); "none" sends in plain (a local relay, 25 unless given).
 
 A timeout bounds each reply, and one connection's whole exchange is bounded too
 (EXCHANGE_TIMEOUTS timeouts): a server that trickles its replies is a transient failure.
@@ -48,6 +48,7 @@ _LOOPBACK = ("127.0.0.1", "::1", "localhost")  # a relay on this machine: no wir
 EXCHANGE_TIMEOUTS = 3  # one connection's whole exchange, in timeouts
 
 Security = Literal["starttls", "tls", "none"]
+PORTS: dict[str, int] = {"tls": 465, "starttls": 587, "none": 25}  # each security's usual port
 MAX_SUBJECT = 200
 
 
@@ -93,7 +94,9 @@ class EmailSettings(BaseModel):
 
     type: Literal["email"] = "email"
     host: str = Field(min_length=1, description="the SMTP server")
-    port: int = Field(587, gt=0, lt=65536, description="587 for starttls, 465 for tls")
+    port: int | None = Field(
+        None, gt=0, lt=65536, description="default: 465 for tls, 587 for starttls, 25 for none"
+    )
     security: Security = "starttls"
     username: str | None = None
     password: Secret | None = None
@@ -110,6 +113,10 @@ class EmailSettings(BaseModel):
             self.username, self.password,
         )  # fmt: skip
         return self
+
+    def smtp_port(self) -> int:
+        """`port`, else the usual port of `security` (TLS on 587 would meet a plain greeting)."""
+        return self.port if self.port is not None else PORTS[self.security]
 
 
 class EmailChannel:

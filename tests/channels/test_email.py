@@ -17,8 +17,9 @@ from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
 from pydantic import SecretStr
 
+from controller.service.channels import CHANNELS, ChannelSeams
 from escalation.channels.base import ChannelError
-from escalation.channels.email import MAX_SUBJECT, EmailChannel, Security
+from escalation.channels.email import MAX_SUBJECT, EmailChannel, EmailSettings, Security
 from escalation.render import Renderer
 
 from .helpers import send
@@ -311,3 +312,21 @@ def test_a_server_that_trickles_its_replies_holds_the_channel_three_timeouts_at_
         assert time.monotonic() - started < 8  # the greeting alone takes 14 s
     finally:
         listener.close()
+
+
+@pytest.mark.parametrize(("security", "port", "expected"), [
+    ("tls", None, 465), ("starttls", None, 587), ("none", None, 25), ("tls", 2465, 2465),
+])  # fmt: skip
+def test_the_port_follows_the_security_unless_given(
+    security: str, port: int | None, expected: int, tmp_path: Any
+) -> None:
+    """`security: tls` alone used port 587, where a server greets in plain text (RFC 8314:
+    implicit TLS is 465; smtplib.SMTP_SSL_PORT): every email failed its TLS handshake."""
+    settings = EmailSettings.model_validate({
+        "type": "email", "host": "smtp.example.org", "security": security, "sender": "a@b",
+        "recipients": ["c@d"], **({"port": port} if port is not None else {}),
+    })  # fmt: skip
+    seams = ChannelSeams(state=tmp_path, file="e.jsonl", answer_token=None, clock=time.time,
+                         sleep=lambda s: None)  # fmt: skip
+    channel = CHANNELS["email"](settings, seams)
+    assert isinstance(channel, EmailChannel) and channel.port == expected
