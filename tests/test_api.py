@@ -123,3 +123,50 @@ def test_an_escalations_own_capability_answers_it_and_nothing_else(
     headers = {"Authorization": f"Bearer {cap}"}
     assert requests.get(f"{base}/v1/escalations", headers=headers, timeout=10).status_code == 401
     assert post(base, first, {"decision": "deny"}, token=cap).status_code == 200
+
+
+def test_a_button_pressed_in_the_ntfy_web_app_reaches_the_answer_route(
+    api: tuple[str, Journal, list[int]],
+) -> None:
+    """The ntfy web app runs a button as fetch(url, {method, headers, body}) (ntfy
+    web/src/components/Notifications.jsx, performHttpAction): from its own origin, with an
+    Authorization header, so the browser first sends a preflight without it. That preflight
+    got 401, and the browser never sent the answer."""
+    from escalation.capabilities import answer_capability
+
+    base, j, answered = api
+    esc = escalate(j, proposals=[{"action": "hold", "params": {}, "proposer": "llm"}])
+    url = f"{base}/v1/escalations/{esc}/answer"
+    origin = {"Origin": "https://ntfy.example.org"}
+    preflight = requests.options(url, timeout=10, headers={
+        **origin, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization,content-type",
+    })  # fmt: skip
+    assert preflight.status_code == 204, preflight.text
+    assert preflight.headers["Access-Control-Allow-Origin"] == "*"
+    assert "POST" in preflight.headers["Access-Control-Allow-Methods"]
+    allowed = preflight.headers["Access-Control-Allow-Headers"].lower()
+    assert "authorization" in allowed and "content-type" in allowed
+    assert "Access-Control-Allow-Credentials" not in preflight.headers
+    assert answered == [] and j.escalations.escalation(esc)["status"] == "pending"  # type: ignore[index]
+
+    deadline = float(j.escalations.escalation(esc)["deadline"])  # type: ignore[index]
+    cap = answer_capability(SecretStr(TOKEN), esc, journal_id=j.meta.identity(), choice="deny",
+                            expires=deadline)  # fmt: skip
+    refused = requests.post(url, json={"decision": "approve"}, timeout=10,
+                            headers={**origin, "Authorization": f"Bearer {cap}"})  # fmt: skip
+    assert refused.status_code == 403 and refused.headers["Access-Control-Allow-Origin"] == "*"
+    nobody = requests.post(url, json={"decision": "deny"}, headers=origin, timeout=10)
+    assert nobody.status_code == 401 and nobody.headers["Access-Control-Allow-Origin"] == "*"
+    pressed = requests.post(url, json={"decision": "deny"}, timeout=10,
+                            headers={**origin, "Authorization": f"Bearer {cap}"})  # fmt: skip
+    assert pressed.status_code == 200 and pressed.headers["Access-Control-Allow-Origin"] == "*"
+    assert j.escalations.escalation(esc)["status"] == "denied"  # type: ignore[index]
+
+    # no other route is opened to other origins, nor answered without its token
+    asking = {**origin, "Access-Control-Request-Method": "GET"}
+    for other in (f"{base}/v1/escalations", f"{base}/v1/escalations/{esc}", f"{base}/v1/status"):
+        r = requests.options(other, headers=asking, timeout=10)
+        assert r.status_code == 401 and "Access-Control-Allow-Origin" not in r.headers
+        r = requests.get(other, headers={**origin, "Authorization": f"Bearer {TOKEN}"}, timeout=10)
+        assert r.status_code == 200 and "Access-Control-Allow-Origin" not in r.headers

@@ -11,7 +11,8 @@
 Every /v1 call needs `Authorization: Bearer <token>` (compared in constant time). An answer may
 instead carry that escalation's own capability (`escalation.capabilities`: one journal, one
 escalation, one choice, until its deadline; no action, parameters or overrides): what
-message buttons (ntfy) hold, so the API token itself is never put in a message. An answer is
+message buttons (ntfy) hold, so the API token itself is never put in a message; the answer
+route alone also answers a browser's CORS preflight (the ntfy web app's buttons). An answer is
 the same as `fleetgate escalations approve|deny`: it is validated, journaled, and the action
 runs through the guards on the next tick. Served by uvicorn in a background thread.
 
@@ -98,7 +99,7 @@ def create_app(
         return settle(esc_id, Answer(decision=decision, action=action), by)
 
     app.include_router(dashboard_router(journal, token, clock, record, view, status))
-    app.add_middleware(Guard, policy=auth.policy, cap=body_cap)
+    app.add_middleware(Guard, policy=auth.policy, cap=body_cap, cross_origin=is_answer)
     return app
 
 
@@ -122,6 +123,15 @@ MAX_INSTANCE_BODY = 1 << 20  # the instance API's routes refuse more themselves 
 INSTANCES = "/v1/instances/"
 _ESCALATION = re.compile(r"^/v1/escalations/([^/]+)(/answer)?/?$")
 _CAPABILITY = re.compile(r"^(?:(?:approve|deny)\.[0-9]{1,12}\.)?[0-9a-f]{64}$")
+
+
+def is_answer(path: str) -> bool:
+    """Whether `path` is an escalation's answer route: what a message's button calls, from the
+    ntfy web app too (a page of another origin)."""
+    esc = _ESCALATION.match(path)
+    return esc is not None and esc.group(2) is not None
+
+
 _COMMAND = re.compile(r"^/v1/instances/[^/]+/commands/([^/]+)/")
 
 

@@ -10,6 +10,12 @@ the body.
 Refusals carry `Connection: close`: the server stops reading the rest of an upload instead of
 draining it. Their bodies name the problem, never the input.
 
+A path `cross_origin` names may be called by a page of another origin (the ntfy web app's
+buttons, a `fetch` with an `Authorization` header): its browser's preflight (OPTIONS, no
+token) is answered here, allowing POST with those headers, and every answer to such a request
+(refusals too) allows any origin to read it. Nothing is opened by it: the caller still needs
+a bearer token or capability, which a browser never adds by itself.
+
 This module decides nothing about the fleet and touches no store.
 """
 
@@ -38,6 +44,9 @@ class Refusal:
 Policy = Callable[[str, str], Refusal | None]
 # path -> the most body bytes a request to it may carry
 Cap = Callable[[str], int]
+_PREFLIGHT = [(b"access-control-allow-origin", b"*"), (b"access-control-allow-methods", b"POST"),
+              (b"access-control-allow-headers", b"authorization, content-type"),
+              (b"access-control-max-age", b"600")]  # fmt: skip
 
 
 def bad_id(segment: str) -> bool:
@@ -61,8 +70,9 @@ class TooLarge(Exception):
 class Guard:
     """The middleware: `policy` before the body, `cap` on it."""
 
-    def __init__(self, app: ASGIApp, policy: Policy, cap: Cap) -> None:
-        self.app, self.policy, self.cap = app, policy, cap
+    def __init__(self, app: ASGIApp, policy: Policy, cap: Cap,
+                 cross_origin: Callable[[str], bool] = lambda _path: False) -> None:  # fmt: skip
+        self.app, self.policy, self.cap, self.cross_origin = app, policy, cap, cross_origin
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -71,6 +81,12 @@ class Guard:
         path = str(scope.get("path", ""))
         headers = {k.decode("latin-1").lower(): v.decode("latin-1")
                    for k, v in scope.get("headers", [])}  # fmt: skip
+        if "origin" in headers and self.cross_origin(path):
+            if scope.get("method") == "OPTIONS" and "access-control-request-method" in headers:
+                await send({"type": "http.response.start", "status": 204, "headers": _PREFLIGHT})
+                await send({"type": "http.response.body", "body": b""})
+                return
+            send = _readable(send)
         refusal = self.policy(path, headers.get("authorization", ""))
         if refusal is not None:
             await _answer(send, refusal)
@@ -111,6 +127,18 @@ class Guard:
                 raise
         if over and not started:
             await _answer(send, Refusal(413, f"body over {cap} bytes"))
+
+
+def _readable(send: Send) -> Send:
+    """`send`, its answer readable by a page of any origin."""
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []),
+                                              (b"access-control-allow-origin", b"*")]}  # fmt: skip
+        await send(message)
+
+    return sending
 
 
 async def _answer(send: Callable[[Message], Awaitable[None]], refusal: Refusal) -> None:
