@@ -195,3 +195,41 @@ def test_the_readme_configuration_passes_check(
     code, out, err = fleetgate(capsys, "--config", str(cfg), "check", "rules")
     assert (code, err) == (0, ""), err
     assert "provider sim, demand sim, 8 channel(s), LLM 'qwen2.5-32b-instruct'" in out
+
+
+def test_links_to_this_machines_loopback_are_a_warning_at_check_and_at_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without api.public_url the answer links and ntfy buttons in messages are
+    http://<api.listen>: on the default 127.0.0.1 (or 0.0.0.0) no phone or other desktop
+    reaches them. `check` and `run` say so; with public_url, or channels that stay on this
+    machine, nothing is said."""
+    ntfy = "{type: ntfy, url: https://ntfy.example.org, topic: fleet-ops}"
+    cases = {
+        "loopback.yaml": f"api: {{token: {{env: FLEETGATE_API_TOKEN}}}}\n"
+                         f"escalation: {{channels: [console, {ntfy}]}}\n",
+        "any.yaml": f"api: {{token: {{env: FLEETGATE_API_TOKEN}}, listen: '0.0.0.0:8765'}}\n"
+                    f"escalation: {{channels: [{ntfy}]}}\n",
+        "public.yaml": f"api: {{token: {{env: FLEETGATE_API_TOKEN}}, "
+                       f"public_url: 'https://fg.example.org'}}\n"
+                       f"escalation: {{channels: [{ntfy}]}}\n",
+        "local.yaml": "api: {token: {env: FLEETGATE_API_TOKEN}}\n"
+                      "escalation: {channels: [console, file]}\n",
+    }  # fmt: skip
+    said = {}
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+        code, out, err = fleetgate(capsys, "--config", str(tmp_path / name), "--state",
+                                   str(tmp_path / "c"), "check")  # fmt: skip
+        assert code == 0 and out.startswith("ok: "), err
+        said[name] = err
+    assert said["loopback.yaml"] == (
+        "warning: api.public_url is not set and api.listen is 127.0.0.1:8765: the answer links "
+        "and buttons in messages sent by ntfy point at http://127.0.0.1:8765, which no other "
+        "device reaches; set api.public_url to the address people reach the API at\n"
+    )
+    assert "api.listen is 0.0.0.0:8765" in said["any.yaml"]
+    assert said["public.yaml"] == said["local.yaml"] == ""
+    code, _, err = fleetgate(capsys, "--config", str(tmp_path / "loopback.yaml"), "--state",
+                             str(tmp_path / "r"), "run", "--ticks", "1")  # fmt: skip
+    assert code == 0 and "WARNING api.public_url is not set and api.listen is 127.0.0.1" in err

@@ -47,7 +47,14 @@ from controller.rules.source import read_rulebook
 from controller.service import gc_tuning, offline, suggest_cmd
 from controller.service.app import App
 from controller.service.assemble import assemble, lease, open_journal
-from controller.service.config import Config, ConfigError, load_config, rules_paths, state_dir
+from controller.service.config import (
+    Config,
+    ConfigError,
+    load_config,
+    rules_paths,
+    state_dir,
+    unreachable_links,
+)
 from controller.service.hup import ConfigReload
 from controller.service.schedule import Runner
 from controller.service.secrets import Redactor
@@ -482,6 +489,8 @@ def _with_app(app: App, args: argparse.Namespace) -> int:
                         lease=lease(app.config, app.journal),
                         renew_s=app.config.lease.renew_s,
                         outbox=app.outbox_thread(), notify=app.notifier())  # fmt: skip
+        if links := unreachable_links(app.config):
+            log.warning("%s", links)
         log.info(
             "fleetgate running: %s, rules %s, every %.2fs%s",
             app.config.provider,

@@ -22,7 +22,7 @@ from controller.rules.ruletest import run_files
 from controller.service import llm_reader
 from controller.service.app import App
 from controller.service.assemble import assemble, lease
-from controller.service.config import Config, ConfigError, state_dir
+from controller.service.config import Config, ConfigError, state_dir, unreachable_links
 from controller.service.status import status_lines
 from controller.service.tick import Planned
 from controller.store.backend import JournalError
@@ -59,6 +59,8 @@ def check(args: argparse.Namespace, config: Config) -> int:
         llm = config.escalation.llm
         for warning in book.warnings:  # conditions that can never match: worth a look, no error
             print(f"warning: {warning}", file=sys.stderr)
+        if links := unreachable_links(config):
+            print(f"warning: {links}", file=sys.stderr)
         print(f"ok: {len(book.rules)} rules in {len(book.paths)} file(s), digest {book.digest}; "
               f"provider {config.provider}, demand {config.demand}, "
               f"{len(escalator.notifier.channels)} channel(s), "

@@ -122,6 +122,26 @@ class ApiSection(_Strict):
         return self
 
 
+def unreachable_links(config: Config) -> str | None:
+    """Why the links and buttons in messages would reach nobody, else None: without
+    `api.public_url` they are `http://<api.listen>`, and a loopback or unspecified address
+    (127.0.0.1, localhost, 0.0.0.0) is this machine's own, never a phone's or another
+    desktop's way here. Only channels that leave the machine carry them."""
+    api = config.api
+    if api is None or api.public_url is not None:
+        return None
+    host = api.listen.rsplit(":", 1)[0].lower()
+    if not (host.startswith("127.") or host in ("localhost", "0.0.0.0")):
+        return None
+    remote = sorted({str(c.type) for c in config.escalation.channels if not isinstance(c, str)})
+    if not remote:
+        return None
+    return (f"api.public_url is not set and api.listen is {api.listen}: the answer links and "
+            f"buttons in messages sent by {', '.join(remote)} point at http://{api.listen}, "
+            "which no other device reaches; set api.public_url to the address people reach "
+            "the API at")  # fmt: skip
+
+
 class EscalationSection(_Strict):
     dedup_window_s: float = Field(3600, gt=0, description="the same situation once per window")
     deadline_s: float = Field(1800, gt=0, description="time a human has to answer")
