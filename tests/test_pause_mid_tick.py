@@ -24,6 +24,7 @@ from controller.service.app import decide_settings
 from controller.service.config import Config
 from controller.service.tick import Controller
 from controller.store.journal import Journal
+from controller.tools.bench.world import died_after_answering
 from escalation.notify import Notifier
 from escalation.render import Renderer
 from escalation.router import Escalator
@@ -49,6 +50,11 @@ def pause(journal: Journal, tmp: Path) -> None:
     assert out.returncode == 0 and out.stdout.startswith("paused"), out.stdout + out.stderr
 
 
+def listed() -> list[Instance]:
+    return [Instance(n, f"fg-{n}", f"m{n}", f"h{n}", "running", "running", "down", "up",
+                     dph=0.5) for n in ("101", "102")]  # fmt: skip
+
+
 class Fleet(StillFleet):
     """Two of the journal's instances whose daemon died (each a `restart_daemon`); `during`
     runs once, inside the listing (`"sense"`) or the first restart (`"act"`)."""
@@ -64,8 +70,7 @@ class Fleet(StillFleet):
 
     def list_instances(self) -> list[Instance]:
         self._hook("sense")
-        return [Instance(n, f"fg-{n}", f"m{n}", f"h{n}", "running", "running", "down", "up",
-                         dph=0.5) for n in ("101", "102")]  # fmt: skip
+        return listed()
 
     def restart_daemon(self, instance_id: str) -> None:
         self.restarted.append(instance_id)
@@ -83,6 +88,7 @@ def journal(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Journal]
 
 def controller(journal: Journal, fleet: Fleet) -> Controller:
     journal.actions.import_launches([("101", "fg-101"), ("102", "fg-102")], NOW - 86_400, "test")
+    died_after_answering(journal, listed(), NOW - 600)  # cuzk ran and answered, then died
     esc = Escalator(journal, Notifier([], Renderer()), window_s=3600, deadline_s=1800)
     return Controller(journal=journal, provider=fleet, demand=fleet,
                       rules=RulesSource([ROOT / "rules"]), settings=decide_settings(Config()),

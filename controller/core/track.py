@@ -252,6 +252,11 @@ def _first(inst: Instance, now: float) -> tuple[Track, list[Event]]:
     return track, events
 
 
+def first_track(inst: Instance, now: float) -> Track:
+    """The track of `inst` first seen at `now`."""
+    return _first(inst, now)[0]
+
+
 def _bench(inst: Instance) -> dict[str, Any]:
     return {
         "machine_id": inst.machine_id,

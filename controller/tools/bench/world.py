@@ -21,11 +21,13 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from controller.core.model import Demand, Health, Instance
 from controller.core.policy import DecideSettings
+from controller.core.track import first_track
 from controller.fleet.base import LaunchRequest
 from controller.fleet.instance_api import InstanceService
 from controller.rules.source import RulesSource
@@ -226,8 +228,9 @@ class SimBench:
         self._machine_ids = list(self.sim.world.machines)
         self._install(exited_serves=True)  # before the exits: every agent that ran registers
         self._agents_step()
-        self.fleet.list_instances()  # learns the links of records to vast ids and Curio nodes
+        listed = self.fleet.list_instances()  # learns the links of records to vast ids and nodes
         self.fleet.save_learned()
+        died_after_answering(journal, listed, clock())
         self._install()
 
     def calls(self) -> Counter[str]:
@@ -289,8 +292,17 @@ def _parts(config: Config, n: int, journal: Journal, spend: float) -> dict[str, 
             "settings": bench_settings(config, n, spend), "escalator": escalator}  # fmt: skip
 
 
+def died_after_answering(journal: Journal, listed: Iterable[Instance], now: float) -> None:
+    """The mix's instances whose daemon is down ran it before it died: their tracks say its
+    status server answered (one that never did is asked about, not restarted)."""
+    tracks = {i.id: first_track(replace(i, daemon="up"), now)._replace(answered=True)
+              for i in listed if i.daemon == "down" and i.status == "running"}  # fmt: skip
+    journal.fleet.save_tracks(tracks, [])
+
+
 def synthetic_controller(config: Config, n: int, journal: Journal,
                          clock: list[float]) -> tuple[Controller, SyntheticFleet]:  # fmt: skip
+    died_after_answering(journal, synthetic_instances(n, clock[0]), clock[0])
     fleet = SyntheticFleet(n, lambda: clock[0])
     spend = sum(i.dph for i in synthetic_instances(n, _T0))
     c = Controller(provider=fleet, demand=fleet, clock=lambda: clock[0],
