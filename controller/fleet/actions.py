@@ -8,7 +8,8 @@ drain. The actuator (`controller.fleet.actuator`) calls these; the sensor
   FLEETGATE_INSTANCE_TOKEN, bound to the launch label and to the vast id the create returns;
 - restart_daemon: a command queued for the instance's agent (pulled on its next heartbeat);
   without a registered agent, a vast reboot at once;
-- drain, undrain: Curio's `unschedulable` on the instance's node, set and cleared;
+- drain, undrain: Curio's `unschedulable` on the instance's node (the one the sensor linked),
+  set and cleared;
 - stop, start: vast's `PUT /api/v0/instances/{id}/` with `{"state": "stopped"|"running"}`
   (parking: the disk is kept, storage billed; the journal's action rows say fleetgate did it);
 - gone: an instance vanished from vast: its agent's records are dropped.
@@ -38,10 +39,12 @@ class FleetActions:
     """The acting half of a vast fleet with Curio nodes and fleetgate agents."""
 
     def __init__(self, *, vast: Any, lifecycle: Any, curio: Any, clock: Callable[[], float],
-                 command_deadline_s: float = 300.0) -> None:  # fmt: skip
+                 command_deadline_s: float = 300.0,
+                 node_of: Callable[[str], str | None] = lambda _id: None) -> None:  # fmt: skip
         self.vast = vast
         self.lifecycle = lifecycle
         self.curio = curio
+        self.node_of = node_of  # instance id -> the Curio node the sensor linked to it
         self.clock = clock
         self.command_deadline_s = command_deadline_s
 
@@ -106,12 +109,14 @@ class FleetActions:
         self._cordon(instance_id, False)
 
     def _cordon(self, instance_id: str, drained: bool) -> None:
-        record = self.lifecycle.resolve(instance_id)
-        if record is None or not record.host_and_port:
+        """On the node the sensor linked to the instance (`node_of`), never on the host:port
+        its agent names, which may be another's node."""
+        node = self.node_of(instance_id)
+        if not node:
             raise PermanentProviderError(f"instance {instance_id!r} has no known Curio node")
         verb = "drain" if drained else "undrain"
         try:
-            (self.curio.drain if drained else self.curio.undrain)(record.host_and_port)
+            (self.curio.drain if drained else self.curio.undrain)(node)
         except SensorError as exc:  # not allowed, no such node, or Curio unreachable
             raise PermanentProviderError(f"cannot {verb} instance {instance_id!r}: {exc}") from exc
 

@@ -207,6 +207,7 @@ class RealFleet:
         self.foreign: list[Instance] = []
         self._last: dict[str, Instance] = {}
         self.learned: dict[str, tuple[str, str, str | None]] = {}  # label -> link to write
+        self.nodes: dict[str, str] = {}  # instance id -> its Curio node as last linked
         self.measured: dict[str, Measured] = {}  # machine id -> as Curio last timed it
         # task name (and `all`) -> mean seconds a run took on the fleet's own nodes, as last
         # timed: how long the pending tasks will take
@@ -224,6 +225,8 @@ class RealFleet:
             raise SensorError(f"Curio nodes unknown: {exc}") from exc
         machines = [m for m in machines if not self._protected(m)]
         links = self._link(own, records, machines, launched)
+        self.nodes = {iid: link.node.host_and_port for iid, link in links.items()
+                      if link.node is not None}  # fmt: skip
         past_registration = [i for i in own
                              if stage_of(i, links[i.id].record)
                              in ("bench", "running")]  # fmt: skip
@@ -232,6 +235,11 @@ class RealFleet:
         fleet = self._overdue(enrich(own, links, health, self.sidecar_stale_s), links)
         self._last = {i.id: i for i in fleet}
         return fleet
+
+    def node_of(self, instance_id: str) -> str | None:
+        """The Curio node (host:port) the last listing linked to this instance, if any: what a
+        drain or undrain may touch, never what its agent merely names."""
+        return self.nodes.get(instance_id)
 
     def _measure(self, own: Sequence[Instance], links: Mapping[str, Link]) -> None:
         """Time the own instances' nodes from Curio's task history (`measured`), at most every

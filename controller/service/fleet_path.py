@@ -172,5 +172,6 @@ def real_fleet(
                       clock=clock, sidecar_stale_s=inst.sidecar_stale_s,
                       launched=launched, open_labels=launched.open_labels)  # fmt: skip
     actions = FleetActions(vast=vast, lifecycle=store, curio=curio, clock=clock,
-                           command_deadline_s=inst.command_deadline_s)  # fmt: skip
+                           command_deadline_s=inst.command_deadline_s,
+                           node_of=fleet.node_of)  # fmt: skip
     return fleet, curio, store, actions

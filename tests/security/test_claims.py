@@ -186,3 +186,40 @@ def test_a_self_reported_rate_does_not_rank_a_host_curio_timed_as_slow_first(
         assert "measured" in kinds  # what Curio timed is in the journal
     finally:
         journal.close()
+
+
+class Records(Lifecycle):
+    """The agent record as the actuator reads it too (`resolve` by vast id)."""
+
+    def resolve(self, any_id: str) -> Claim | None:
+        return self.claim if any_id == self.claim.vast_id else None
+
+
+def test_a_drain_goes_only_to_the_node_fleetgate_linked_never_to_a_claim(db: CurioDB) -> None:
+    """An instance's agent names the operator's node (unprotected, off its address): it is not
+    linked, so its sidecar is unknown, which a stop turns into a drain; that drain must not
+    reach the claimed node. Linked to its own node (on its public address) while its record
+    still names the operator's (a re-registration since), the drain is its own node's."""
+    from controller.fleet.actions import FleetActions
+    from controller.fleet.base import PermanentProviderError
+
+    operator = db.add_machine(OPERATOR)
+    claim = Claim("fg-a", "running", 10.0, OPERATOR, vast_id="5001")
+    demand = curio(db, [])
+    fleet = RealFleet(vast=Vast("1.0.0.11"), lifecycle=Records(claim), curio=demand,
+                      check_health=lambda _: {}, clock=lambda: 1000.0,
+                      launched=lambda: {"5001": "fg-a"})  # fmt: skip
+    actions = FleetActions(vast=None, lifecycle=Records(claim), curio=demand,
+                           clock=lambda: 1000.0, node_of=fleet.node_of)  # fmt: skip
+    [inst] = fleet.list_instances()
+    assert inst.sidecar == "unknown"
+    with pytest.raises(PermanentProviderError, match="no known Curio node"):
+        actions.drain("5001")
+    assert db.machine(operator)["unschedulable"] is False
+
+    own = db.add_machine("1.0.0.11:12300")
+    [inst] = fleet.list_instances()
+    assert inst.sidecar == "up"
+    actions.drain("5001")
+    assert db.machine(own)["unschedulable"] is True
+    assert db.machine(operator)["unschedulable"] is False
