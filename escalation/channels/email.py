@@ -7,7 +7,8 @@ subject built here, so people still hear.
 
 security: "tls" connects with TLS (SMTPS, port 465 unless given); "starttls" connects in plain
 and must upgrade (587 unless given; a server that does not offer STARTTLS is an error, never a
-silent downgrade); "none" sends in plain (a local relay, 25 unless given).
+silent downgrade); "none" sends in plain (a local relay; 587 unless given, as before the
+port followed `security`).
 
 A timeout bounds each reply, and one connection's whole exchange is bounded too
 (EXCHANGE_TIMEOUTS timeouts): a server that trickles its replies is a transient failure.
@@ -48,7 +49,9 @@ _LOOPBACK = ("127.0.0.1", "::1", "localhost")  # a relay on this machine: no wir
 EXCHANGE_TIMEOUTS = 3  # one connection's whole exchange, in timeouts
 
 Security = Literal["starttls", "tls", "none"]
-PORTS: dict[str, int] = {"tls": 465, "starttls": 587, "none": 25}  # each security's usual port
+# each security's port unless given: implicit TLS on 465; none keeps the 587 it always had, on
+# which a relay that a config without `port` reached still listens
+PORTS: dict[str, int] = {"tls": 465, "starttls": 587, "none": 587}
 MAX_SUBJECT = 200
 
 
@@ -95,7 +98,7 @@ class EmailSettings(BaseModel):
     type: Literal["email"] = "email"
     host: str = Field(min_length=1, description="the SMTP server")
     port: int | None = Field(
-        None, gt=0, lt=65536, description="default: 465 for tls, 587 for starttls, 25 for none"
+        None, gt=0, lt=65536, description="default: 465 for tls, 587 for starttls or none"
     )
     security: Security = "starttls"
     username: str | None = None

@@ -315,13 +315,14 @@ def test_a_server_that_trickles_its_replies_holds_the_channel_three_timeouts_at_
 
 
 @pytest.mark.parametrize(("security", "port", "expected"), [
-    ("tls", None, 465), ("starttls", None, 587), ("none", None, 25), ("tls", 2465, 2465),
+    ("tls", None, 465), ("starttls", None, 587), ("none", None, 587), ("tls", 2465, 2465),
 ])  # fmt: skip
 def test_the_port_follows_the_security_unless_given(
     security: str, port: int | None, expected: int, tmp_path: Any
 ) -> None:
     """`security: tls` alone used port 587, where a server greets in plain text (RFC 8314:
-    implicit TLS is 465; smtplib.SMTP_SSL_PORT): every email failed its TLS handshake."""
+    implicit TLS is 465; smtplib.SMTP_SSL_PORT): every email failed its TLS handshake.
+    `security: none` alone keeps port 587, which a relay that such a config reached listens on."""
     settings = EmailSettings.model_validate({
         "type": "email", "host": "smtp.example.org", "security": security, "sender": "a@b",
         "recipients": ["c@d"], **({"port": port} if port is not None else {}),
