@@ -37,7 +37,7 @@ from controller.fleet.base import (
     SensorError,
     TemporaryProviderError,
 )
-from controller.fleet.vast import VastProvider, VastSettings
+from controller.fleet.vast import REFUSED_OFFER_S, VastProvider, VastSettings
 from controller.fleet.vast_client import VastClient
 from controller.fleet.vast_errors import CreateOutcomeUnknown, OfferGone
 from controller.fleet.vast_instances import to_instance
@@ -457,6 +457,19 @@ def test_an_offer_vast_cannot_schedule_is_refused_and_rents_nothing(
         r.provider.launch(LaunchRequest(label="fg-wait"))
     assert not fake.instances and fake.creates_by_label == {}  # nothing stopped, nothing billed
     assert fake.of("create")[0].body["cancel_unavail"] is True
+    # it stays in vast's search results, first by price: the next launches move on to the
+    # next offer (from the cached search, and from a new one) instead of being refused again
+    iid = r.provider.launch(LaunchRequest(label="fg-next"))
+    assert [q.path for q in fake.of("create")] == ["/api/v0/asks/1/", "/api/v0/asks/2/"]
+    fake.offers[3] = offer(3)
+    r.time.now += 60  # past the offer cache: a new search lists 1 again
+    r.provider.launch(LaunchRequest(label="fg-third"))
+    assert fake.of("create")[-1].path == "/api/v0/asks/3/" and len(fake.of("search")) == 2
+    assert iid in {str(i) for i in fake.instances}
+    r.time.now += REFUSED_OFFER_S  # it may be schedulable again: tried again, first
+    with pytest.raises(PermanentProviderError, match="vast refused"):
+        r.provider.launch(LaunchRequest(label="fg-later"))
+    assert fake.of("create")[-1].path == "/api/v0/asks/1/"
 
 
 def test_a_create_that_never_connected_is_not_unknown(rig: MakeRig) -> None:

@@ -62,6 +62,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MIN_INTERVAL_S = {"list": 1.0, "create": 4.5, "destroy": 3.0, "search": 6.0, "other": 1.0}
 FILTER_OPS = ("eq", "neq", "gt", "gte", "lt", "lte", "in", "notin")
+REFUSED_OFFER_S = 600.0  # an offer vast refused a create on is not tried again this long
 
 
 class VastSettings(BaseModel):
@@ -175,6 +176,9 @@ class VastProvider:
         self._expect_nonempty = expect_nonempty
         self.last_raw: dict[str, dict[str, Any]] = {}
         self._offer_cache = OfferCache()
+        # offer id -> until when it is not tried: vast refused a create on it (an offer it
+        # cannot schedule now, with cancel_unavail, stays in its search results)
+        self._refused: dict[int, float] = {}
 
     def list_instances(self, expect_nonempty: bool | None = None) -> list[Instance]:
         """Every instance, by id. SensorError when the listing is in any doubt."""
@@ -203,6 +207,9 @@ class VastProvider:
                          request.label)  # fmt: skip
             except ProviderError as exc:
                 used = isinstance(exc, CreateOutcomeUnknown)
+                if isinstance(exc, PermanentProviderError):  # refused: the next launch moves on
+                    used = True
+                    self._refused[offer_id] = self._client.clock() + REFUSED_OFFER_S
                 raise
             finally:
                 if used:
@@ -217,17 +224,20 @@ class VastProvider:
         cap = price_cap(s, request)
         query = offer_query(s, request)
         key = cache_key(query, request, cap)
-        cached = self._offer_cache.get(key, self._client.clock())
+        now = self._client.clock()
+        self._refused = {o: until for o, until in self._refused.items() if until > now}
+        cached = self._offer_cache.get(key, now)
         if cached is not None:
             log.debug("vast: launch %r takes %d cached offers (no new search)", request.label,
                       len(cached))  # fmt: skip
-            return cached
+            return [o for o in cached if int(o["id"]) not in self._refused]
         found = self._client.search_offers(query)
-        offers = rank_offers(found, request, cap)
+        offers = [o for o in rank_offers(found, request, cap) if int(o["id"]) not in self._refused]
         if not offers:
             raise PermanentProviderError(
                 f"no offer matches the filter for label {request.label!r}: {len(found)} found,"
-                f" {len(request.exclude_machines)} machines excluded, max_dph {cap!r}"
+                f" {len(request.exclude_machines)} machines excluded, {len(self._refused)} "
+                f"refused a create lately, max_dph {cap!r}"
             )
         if s.offer_cache_s > 0:
             self._offer_cache.put(key, offers, self._client.clock() + s.offer_cache_s)
