@@ -91,10 +91,10 @@ class CurioSettings(BaseModel):
         300.0, ge=0, description="read the task history at most this often (0: every tick)"
     )
 
-    @field_validator("protected_nodes", mode="before")
+    @field_validator("protected_nodes", "node_networks", mode="before")
     @classmethod
-    def _protected_list(cls, nodes: object) -> object:
-        return tuple(nodes) if isinstance(nodes, list) else nodes
+    def _as_tuple(cls, items: object) -> object:
+        return tuple(items) if isinstance(items, list) else items  # YAML gives lists (strict)
 
     @field_validator("protected_nodes")
     @classmethod
@@ -103,11 +103,6 @@ class CurioSettings(BaseModel):
             if not node.strip() or len(node) > 300:
                 raise ValueError(f"protected node {node!r}: give a host:port or a machine id")
         return tuple(node.strip() for node in nodes)
-
-    @field_validator("node_networks", mode="before")
-    @classmethod
-    def _network_list(cls, networks: object) -> object:
-        return tuple(networks) if isinstance(networks, list) else networks
 
     @field_validator("node_networks")
     @classmethod
