@@ -21,6 +21,7 @@ from controller.rules.rulebook import Rulebook, load_texts
 from controller.rules.ruletest import DEFAULTS
 from controller.store.backend import JournalError, PostgresStore
 from controller.store.journal import Journal
+from controller.tools.bench.world import AcceptingFleet
 from escalation.render import iso8601
 
 
@@ -292,7 +293,7 @@ rules:
 """
 
 
-class StillFleet:
+class StillFleet(AcceptingFleet):
     """A provider and demand sensor that hold still: no instances, an empty queue, no launch,
     every other action a no-op. A test's fleet overrides what it exercises."""
 
@@ -304,15 +305,6 @@ class StillFleet:
 
     def launch(self, request: LaunchRequest) -> str:
         raise AssertionError("nothing is launched here")
-
-    def find_by_label(self, label: str) -> Instance | None:
-        return None
-
-    def destroy(self, instance_id: str) -> None: ...
-    def reboot(self, instance_id: str) -> None: ...
-    def restart_daemon(self, instance_id: str) -> None: ...
-    def drain(self, instance_id: str) -> None: ...
-    def undrain(self, instance_id: str) -> None: ...
 
 
 def fail_fleet_reads(monkeypatch: pytest.MonkeyPatch, journal: Journal) -> Callable[[], None]:

@@ -103,7 +103,24 @@ def synthetic_instances(n: int, now: float) -> list[Instance]:
     return out
 
 
-class SyntheticFleet:
+class AcceptingFleet:
+    """The actions of a provider that accepts each and changes nothing, and finds no label."""
+
+    def find_by_label(self, label: str) -> Instance | None:
+        return None
+
+    def destroy(self, instance_id: str) -> None: ...
+
+    def reboot(self, instance_id: str) -> None: ...
+
+    def restart_daemon(self, instance_id: str) -> None: ...
+
+    def drain(self, instance_id: str) -> None: ...
+
+    def undrain(self, instance_id: str) -> None: ...
+
+
+class SyntheticFleet(AcceptingFleet):
     """Provider and demand sensor: a fixed listing; every action is accepted and changes nothing."""
 
     def __init__(self, n: int, clock: Callable[[], float]) -> None:
@@ -131,19 +148,6 @@ class SyntheticFleet:
     def launch(self, request: LaunchRequest) -> str:
         self.launched += 1
         return str(90_000_000 + self.launched)
-
-    def find_by_label(self, label: str) -> Instance | None:
-        return None
-
-    def destroy(self, instance_id: str) -> None: ...
-
-    def reboot(self, instance_id: str) -> None: ...
-
-    def restart_daemon(self, instance_id: str) -> None: ...
-
-    def drain(self, instance_id: str) -> None: ...
-
-    def undrain(self, instance_id: str) -> None: ...
 
 
 def mix(instances: Iterable[Instance]) -> dict[str, int]:
