@@ -580,3 +580,42 @@ def test_the_docs_name_no_machine_paths() -> None:
     for doc in ("README.md", "BENCHMARKS.md"):
         text = (ROOT / doc).read_text()
         assert "/work/" not in text and "/home/" not in text, doc
+
+
+def test_an_answer_waits_out_a_write_longer_than_the_controller_waits(
+    journal_dir: Path, tmp_path: Path
+) -> None:
+    """A person's answer waits for a write the controller would give up on (5 s): another
+    program holding the journal 8 s does not turn `approve` into "database is locked"; a
+    tick beside it fails with a line that says what held it and what to do."""
+    state = tmp_path / "copy"
+    shutil.copytree(journal_dir, state)
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sqlite3, sys, time\n"
+         "db = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+         "db.execute('BEGIN IMMEDIATE'); print('held', flush=True)\n"
+         "time.sleep(8); db.execute('ROLLBACK')\n",
+         str(state / "journal.db")],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        environ = {**os.environ, "PYTHONPATH": str(ROOT)}
+        environ.pop("FLEETGATE_STATE", None)
+        answer = subprocess.Popen(
+            [sys.executable, "-c", MAIN, "--state", str(state), "escalations", "approve", "1",
+             "--action", "hold", "--by", "ops"],
+            cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        tick = fg("--state", str(state), "tick")
+        out, err = answer.communicate(timeout=120)
+    finally:
+        holder.wait(timeout=60)
+        assert holder.stdout is not None
+        holder.stdout.close()
+    assert tick.returncode != 0 and "Traceback" not in tick.stderr
+    assert "another connection held a write on it" in tick.stderr, tick.stderr[-2000:]
+    assert "try again" in tick.stderr and "OperationalError" not in tick.stderr
+    assert answer.returncode == 0, err[-2000:]
+    assert out.startswith("escalation #1 approved by ops")

@@ -42,6 +42,7 @@ from controller.service.tick import Controller
 from controller.sim import SimConfig, Simulation
 from controller.sim.agents import AgentSettings
 from controller.sim.wire import Seams, SimWire
+from controller.store.backend import PERSON_WAIT_S, WAIT_S
 from controller.store.journal import Journal
 from controller.store.lease import Lease
 from escalation.channels.base import Channel
@@ -85,11 +86,14 @@ def assemble(
     rules: list[str] | None = None,
     dry: bool = False,
     read_only: bool = False,
+    person: bool = False,
 ) -> App:
     """The controller `config` describes (see the module docstring). `config_path` names the
     file in errors and commands; `seed` starts a new simulated world; `rules` replaces the
     configured rules paths; `dry` builds everything without opening the journal; `read_only`
-    opens an existing journal for reading only (`explain`: gather + plan writes nothing)."""
+    opens an existing journal for reading only (`explain`: gather + plan writes nothing);
+    `person`: for a person's command (an answer, `explain`), whose statements wait longer for
+    the running controller's writes."""
     # urllib3 logs request paths at DEBUG, and a webhook's path is a secret: whoever embeds
     # the controller with DEBUG logging must not leak it
     logging.getLogger("urllib3").setLevel(max(logging.getLogger("urllib3").level, logging.WARNING))
@@ -98,7 +102,8 @@ def assemble(
     with building(config_path, "escalation.templates_dir", RenderError):
         renderer = Renderer(config.escalation.templates_dir)
     channels = _channels(config, config_path, state, clock, sleep)
-    journal = Journal(":memory:") if dry else open_journal(config, state, read_only=read_only)
+    journal = (Journal(":memory:") if dry
+               else open_journal(config, state, read_only=read_only, person=person))  # fmt: skip
     closers: list[Callable[[], None]] = []
     try:
         escalator = _escalator(config, config_path, state, journal, renderer, channels, clock,
@@ -234,11 +239,14 @@ def load_sim(journal: Journal, config: Config, seed: int | None) -> Simulation:
     return Simulation(world, config.sim.seed if seed is None else seed)
 
 
-def open_journal(config: Config, state: Path, *, read_only: bool = False) -> Journal:
+def open_journal(config: Config, state: Path, *, read_only: bool = False,
+                 person: bool = False) -> Journal:  # fmt: skip
     """SQLite in the state directory, or the configured PostgreSQL schema (`read_only`: an
-    existing SQLite journal, opened so that any write fails)."""
+    existing SQLite journal, opened so that any write fails; `person`: for a command a
+    person runs, which waits longer for the controller's writes than the controller does)."""
     if config.journal is None:
-        return Journal(state / "journal.db", read_only=read_only)
+        wait_s = PERSON_WAIT_S if person else WAIT_S
+        return Journal(state / "journal.db", read_only=read_only, wait_s=wait_s)
     from controller.store.backend import PostgresStore
 
     section = config.journal

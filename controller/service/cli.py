@@ -463,7 +463,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         _writable_state(config, state)
     app = assemble(config, state=state, clock=time.time, sleep=time.sleep,
                    config_path=args.config, seed=getattr(args, "seed", None),
-                   read_only=read_only, dry=dry)  # fmt: skip
+                   read_only=read_only, dry=dry,
+                   person=args.command in ("escalations", "explain"))  # fmt: skip
     try:
         return _with_app(app, args)
     finally:
@@ -558,7 +559,7 @@ def _prune(args: argparse.Namespace, config: Config, state: Path) -> int:
         return 2
     if config.journal is None and not (state / "journal.db").is_file():
         raise offline.NoJournal(f"no journal at {state / 'journal.db'} (see --state, --config)")
-    journal = open_journal(config, state)
+    journal = open_journal(config, state, person=True)
     try:
         now = journal.meta.last_now()
         if now is None:

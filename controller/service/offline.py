@@ -119,7 +119,7 @@ def opened(config_path: str | None, state_arg: str | None, *, write: bool) -> It
     _existing_journal(config, state, problems)
     from controller.service.assemble import open_journal
 
-    journal = open_journal(config, state, read_only=not write)
+    journal = open_journal(config, state, read_only=not write, person=True)
     try:
         rules = rules_problem(config)
         for line in [*problems, *([rules] if rules else [])]:

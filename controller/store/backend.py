@@ -153,6 +153,14 @@ def _file_id(path: Path | str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+# How long the controller's statements wait for another connection's write (a person's
+# answer, `prune`): a tick should fail and come again rather than stall. A person's command
+# waits longer (`PERSON_WAIT_S`): it has nothing else to do, and the tick's writes are short.
+WAIT_S = 5.0
+_BUSY = ("database is locked", "database is busy", "database table is locked")
+PERSON_WAIT_S = 30.0
+
+
 class _sqlite_errors:  # noqa: N801 - used as a function: `with _sqlite_errors(where):`
     """SQLite's errors as the journal's (a class, not a generator: it wraps every statement)."""
 
@@ -173,6 +181,11 @@ class _sqlite_errors:  # noqa: N801 - used as a function: `with _sqlite_errors(w
             if "UNIQUE" in str(exc):
                 raise DuplicateKey(f"journal ({where}): {exc}") from exc
             raise JournalError(f"journal ({where}): {exc}") from exc
+        if isinstance(exc, sqlite3.OperationalError) and str(exc) in _BUSY:
+            raise JournalError(
+                f"journal ({where}): another connection held a write on it past the wait (a "
+                "fleetgate writing, or a program with a transaction open on the file); "
+                "nothing was changed: try again") from exc  # fmt: skip
         raise JournalError(f"journal ({where}): {type(exc).__name__}: {exc}") from exc
 
 
@@ -241,9 +254,12 @@ class SQLiteStore:
     kind = "sqlite"
 
     def __init__(self, path: str | Path, *, read_only: bool = False,
-                 clock: Callable[[], float] = time.time) -> None:  # fmt: skip
-        """`clock` is the store's clock (`Tx.clock`): the host's wall clock."""
+                 clock: Callable[[], float] = time.time,
+                 wait_s: float = WAIT_S) -> None:  # fmt: skip
+        """`clock` is the store's clock (`Tx.clock`): the host's wall clock. `wait_s`: how
+        long a statement waits for another connection's write to end before it fails."""
         self.path = Path(path)
+        wait = f"PRAGMA busy_timeout={max(1, round(wait_s * 1000))}"
         self._clock = clock
         self.where = str(self.path)
         self.read_only = read_only
@@ -253,7 +269,7 @@ class SQLiteStore:
                 uri = f"{self.path.resolve().as_uri()}?mode=ro"
                 self._db = sqlite3.connect(uri, uri=True, check_same_thread=False,
                                            isolation_level=None)  # fmt: skip
-                self._db.execute("PRAGMA busy_timeout=5000")
+                self._db.execute(wait)
             self._file = _file_id(self.path)
             return
         try:
@@ -265,7 +281,7 @@ class SQLiteStore:
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("PRAGMA busy_timeout=5000")
+            self._db.execute(wait)
         self._file = _file_id(self.path)
         self._wal: tuple[int, int] | None = None  # the -wal file's id, once seen
 

@@ -29,6 +29,7 @@ from controller.store import lease
 from controller.store.actions import Actions
 from controller.store.aggregate import Aggregate
 from controller.store.backend import (
+    WAIT_S,
     JournalError,
     SQLiteStore,
     StaleLeader,
@@ -50,11 +51,13 @@ __all__ = ["Journal", "JournalError", "StaleLeader"]
 class Journal:
     """The store behind every record. All parts are safe from the scheduler and the CLI."""
 
-    def __init__(self, where: str | Path | Store, *, read_only: bool = False) -> None:
+    def __init__(self, where: str | Path | Store, *, read_only: bool = False,
+                 wait_s: float = WAIT_S) -> None:  # fmt: skip
         """`read_only` opens an existing SQLite journal for reading only: nothing is created
-        and any write fails (what `explain` runs on)."""
+        and any write fails (what `explain` runs on); `wait_s`, how long a statement on a
+        SQLite journal waits for another connection's write."""
         if isinstance(where, str | Path):
-            where = SQLiteStore(where, read_only=read_only)
+            where = SQLiteStore(where, read_only=read_only, wait_s=wait_s)
         self.store: Store = where
         self.path: Path | None = getattr(self.store, "path", None)
         self.meta = Meta(self.store)
