@@ -22,7 +22,6 @@ Errors:
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ import requests
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from controller.core.fields import Secret
-from controller.fleet.retry import BodyError, read_body
+from controller.fleet.retry import BodyError, read_body, retry_after
 from escalation.llm_answer import (
     _check_call,
     _from_json,
@@ -196,8 +195,8 @@ class LLMClient:
         4. POST it with bearer auth and a timeout (redirects not followed: the prompt goes to
            the configured endpoint only; the reply read within the timeout and
            MAX_REPLY_BYTES), retrying 408, 409, 429, 5xx, timeouts and refused connections with
-           capped exponential backoff (a numeric Retry-After wins; one past MAX_WAIT_S ends the
-           tries);
+           capped exponential backoff (a Retry-After wins, in seconds or as a date; one past
+           MAX_WAIT_S ends the tries);
         5. record the call and its tokens (reported, else estimated) in the usage store;
            a call that got no answer counts with 0 tokens;
         6. parse and validate the answer strictly: one tool call (or one JSON decision) naming
@@ -334,7 +333,7 @@ class LLMClient:
     def _reply(self, resp: requests.Response) -> dict[str, Any] | _Retry:
         status = f"the model at {self._where!r} answered HTTP {resp.status_code}"
         if resp.status_code in (408, 409, 429) or resp.status_code >= 500:
-            return _Retry(f"{status}: {self._snippet(resp)}", _retry_after(resp))
+            return _Retry(f"{status}: {self._snippet(resp)}", retry_after(resp))
         if resp.status_code != 200:
             raise LLMUnavailable(f"{status}: {self._snippet(resp)}")
         try:
@@ -368,12 +367,3 @@ class LLMClient:
 
     def _snippet(self, resp: requests.Response) -> str:
         return repr(sanitize(self._redact(resp.text.strip()), 200))
-
-
-def _retry_after(resp: requests.Response) -> float | None:
-    """A numeric Retry-After header in seconds (an HTTP date is ignored: backoff applies)."""
-    try:
-        value = float(resp.headers.get("Retry-After", ""))
-    except ValueError:
-        return None
-    return value if math.isfinite(value) and value >= 0 else None

@@ -8,6 +8,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterator
+from email.utils import formatdate
 from pathlib import Path
 from typing import Any
 
@@ -472,6 +473,19 @@ def test_a_retry_after_longer_than_the_wait_is_not_retried_early(
         caught.value
     )
     assert sleeps == [] and usage.calls == [(NOW, 0)]
+
+
+def test_a_retry_after_date_an_hour_ahead_ends_the_tries(
+    client_for: Callable[..., LLMClient], sleeps: Sleeps
+) -> None:
+    """Retry-After as an HTTP date (RFC 9110) is the same ask as the seconds to it: a quota
+    reset an hour ahead, given as a date, was read as none and retried after the backoff."""
+    when = formatdate(time.time() + 3600, usegmt=True)
+    with FakeOpenAI(Status(429, retry_after=when), call("hold")) as fake:
+        with pytest.raises(LLMUnavailable, match=r"it asks for 3[56]\d\ds before another try"):
+            client_for(fake.url).decide(situation(), TARGETS)
+        assert len(fake.chat_bodies) == 1
+    assert sleeps == []
 
 
 @pytest.mark.parametrize("code", [408, 409])

@@ -4,9 +4,12 @@ how to read a response's body within a size and a time."""
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Callable
+from datetime import UTC
+from email.utils import parsedate_to_datetime
 
 import requests
 import urllib3.exceptions
@@ -25,14 +28,32 @@ def reason(exc: requests.RequestException) -> str:
     return type(exc).__name__
 
 
+def retry_after(response: requests.Response | None,
+                wall: Callable[[], float] = time.time) -> float | None:  # fmt: skip
+    """The seconds a response's Retry-After asks for: a number of seconds or an HTTP date
+    (RFC 9110 10.2.3; a date in the past asks for none), by `wall`, the host's clock, which
+    the server's date is on. None without one, or one that is neither."""
+    header = response.headers.get("Retry-After", "").strip() if response is not None else ""
+    if not header:
+        return None
+    try:
+        seconds = float(header)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(header)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+        if when.tzinfo is None:  # asctime's form has no zone: an HTTP date is always GMT
+            when = when.replace(tzinfo=UTC)
+        return float(max(0, math.ceil(when.timestamp() - wall())))  # (the date is whole seconds)
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
 def retry_delay(response: requests.Response | None, attempt: int, backoff_s: float) -> float:
     """Exponential backoff, or the server's Retry-After (capped) when it asks for longer."""
     delay = backoff_s * 2.0**attempt
-    header = response.headers.get("Retry-After", "") if response is not None else ""
-    try:
-        return max(delay, min(float(header), MAX_RETRY_AFTER_S))
-    except ValueError:
-        return delay
+    asked = retry_after(response)
+    return delay if asked is None else max(delay, min(asked, MAX_RETRY_AFTER_S))
 
 
 class BodyError(Exception):

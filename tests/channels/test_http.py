@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import time
+from email.utils import formatdate
 
 import pytest
 import requests
 from fakes.receiver import Receiver
 
-from controller.fleet.retry import MAX_RETRY_AFTER_S
+from controller.fleet.retry import MAX_RETRY_AFTER_S, retry_after
 from escalation.channels.base import ChannelError
 from escalation.channels.http import (
     HttpClient,
@@ -152,3 +154,46 @@ def test_rendered_object_explains_bad_json() -> None:
         rendered_object('{"a": 1,}', what="w", template="t.j2")
     with pytest.raises(ChannelError, match=r"template 't\.j2' produced list, not a JSON object"):
         rendered_object("[1]", what="w", template="t.j2")
+
+
+def _asking(value: str) -> requests.Response:
+    response = requests.Response()
+    response.status_code = 429
+    response.headers["Retry-After"] = value
+    return response
+
+
+WALL = 1445412480.0  # Wed, 21 Oct 2015 07:28:00 GMT
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("7", 7.0),
+        (" 120 ", 120.0),
+        ("Wed, 21 Oct 2015 07:29:30 GMT", 90.0),  # RFC 9110's IMF-fixdate
+        ("Wednesday, 21-Oct-15 07:29:30 GMT", 90.0),  # the obsolete RFC 850 form
+        ("Wed Oct 21 07:29:30 2015", 90.0),  # asctime's form, GMT as every HTTP date
+        ("Wed, 21 Oct 2015 07:00:00 GMT", 0.0),  # a date gone by asks for no wait
+        ("-1", None),
+        ("nan", None),
+        ("soon", None),
+        ("", None),
+    ],
+)
+def test_retry_after_is_seconds_or_an_http_date(value: str, seconds: float | None) -> None:
+    """RFC 9110 gives Retry-After as seconds or as a date; a date was read as none, and a
+    server asking for 90 s got a retry after the backoff's fraction of a second."""
+    assert retry_after(_asking(value), wall=lambda: WALL) == seconds
+
+
+def test_a_retry_after_date_is_waited_for(rx: Receiver, sleeps: list[float]) -> None:
+    rx.script([503])
+    with requests.Session() as session:
+
+        def add_date(response: requests.Response, *args: object, **kwargs: object) -> None:
+            response.headers["Retry-After"] = formatdate(time.time() + 20, usegmt=True)
+
+        session.hooks["response"].append(add_date)
+        post_json(session, rx.url, {}, timeout_s=2, retries=2, backoff_s=0.1, sleep=sleeps.append)
+    assert len(sleeps) == 1 and 18.0 <= sleeps[0] <= 21.0
