@@ -4,6 +4,9 @@ Every HTTP channel (webhook, Slack, ntfy, PagerDuty, Alertmanager) sends through
 over a `requests.Session` that is passed in, so tests and callers choose the session, and
 through `rendered_object` reads the JSON its template produced.
 
+A 2xx is a delivery, also when the body after it is cut off, trickles or floods (nothing
+reads it; sending again would deliver twice).
+
 Retried, with exponential backoff (backoff_s, 2*backoff_s, ...; a Retry-After header of up to
 MAX_RETRY_AFTER_S is honoured): connection errors, timeouts, 429 and 5xx. Not retried: any
 other 4xx and redirects (the far end refused this request; sending it again will not help),
@@ -14,7 +17,8 @@ and ntfy topics are secrets), header values (tokens), or any string the caller n
 `secrets`; the requests exception, whose text holds the full URL, is not chained.
 
 A response's body is read within twice the timeout and up to MAX_BODY bytes (`read_body`): an
-endpoint that trickles a byte at a time, or answers with gigabytes, is a failed attempt.
+endpoint that trickles a byte at a time, or answers with gigabytes, is a failed attempt
+(unless its status was a 2xx, above).
 
 This module must NOT know any channel's payload, read settings, or retry for long: a channel
 is called inside a tick, and the defaults keep a dead endpoint to about 16 seconds (about 36
@@ -126,6 +130,12 @@ def post_json(
         except requests.RequestException as exc:
             problem = reason(exc)
         except BodyError as exc:  # a trickle, or a flood: as a timeout, tried again
+            if response is not None and response.status_code < 300:
+                # the far end said it took the message; nothing here reads what follows, and
+                # sending it again would deliver it twice
+                log.warning("%s", scrub(f"{where}: HTTP {response.status_code}, then {exc}; "
+                                        "taken as delivered, not sent again", hidden))  # fmt: skip
+                return response
             problem, response = str(exc), None
         else:
             if response.status_code < 300:

@@ -82,14 +82,39 @@ def echo(status: str, text: str) -> Reply:
 
 
 def test_a_trickling_endpoint_is_a_failed_attempt_within_twice_the_timeout() -> None:
-    """200 and a 100-byte body a byte every 0.2 s: each read is within the timeout, so the
+    """503 and a 100-byte body a byte every 0.2 s: each read is within the timeout, so the
     send took as long as the trickle (75 s for 100 kB at a byte a second)."""
-    with raw_server(trickle("200 OK", b"x" * 100, 0.2)) as url:
+    with raw_server(trickle("503 Service Unavailable", b"x" * 100, 0.2)) as url:
         http = HttpClient(timeout_s=0.5, retries=1, backoff_s=0, sleep=lambda s: None)
         started = time.monotonic()
         with pytest.raises(ChannelError, match=r"the response took over 1 s to arrive \(gave up"):
             http.post_json(url + "/hook", {"a": 1})
         assert time.monotonic() - started < 10  # two attempts of about 1 s, not 40 s
+
+
+@pytest.mark.parametrize("reply", [
+    lambda: trickle("200 OK", b"x" * 100, 0.2),
+    lambda: cut_off("200 OK", b"ok", 100),
+    lambda: cut_off("202 Accepted", b"{", 100, 3.0),
+    lambda: flood("200 OK", 1024 * 1024),
+])  # fmt: skip
+def test_a_2xx_whose_body_goes_wrong_is_delivered_once(
+    reply: Callable[[], Reply], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The far end took the message (a 2xx) and the body after it trickled, broke off or
+    flooded: it was sent again, and a webhook or a Slack channel got it twice or three times."""
+    calls: list[int] = []
+    inner = reply()
+
+    def counted(conn: socket.socket) -> None:
+        calls.append(1)
+        inner(conn)
+
+    with raw_server(counted) as url:
+        http = HttpClient(timeout_s=0.5, retries=2, backoff_s=0, sleep=lambda s: None)
+        response = http.post_json(url + "/hooks/s3cr3t", {"a": 1})
+    assert response.status_code in (200, 202) and len(calls) == 1
+    assert "taken as delivered, not sent again" in caplog.text and "s3cr3t" not in caplog.text
 
 
 def cut_off(status: str, sent: bytes, promised: int, stall_s: float = 0.0) -> Reply:
