@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -380,3 +381,34 @@ def test_a_batch_is_given_to_durable_rules_as_its_own_json_dumps_writes_it() -> 
         expected = json.dumps([tick, *(dict(f, sid=sid, t=now) for f in slim)],
                               ensure_ascii=False)  # fmt: skip
         assert _batch(tick, _texts(slim)) == expected
+
+
+BY_THE_CLOCK = """
+rules:
+  - name: office-hours-floor
+    when:
+      fleet: {hour_utc: {gte: 8, lt: 18}, weekday_utc: {lte: 4}, active: {lt: 2}}
+    then: {action: scale_to, count: 2}
+    confidence: 0.9
+"""
+
+
+@pytest.mark.parametrize(("when", "fires"), [
+    ("2026-12-07T16:00:00+00:00", True),  # a Monday, 16:00 UTC
+    ("2026-12-11T08:00:00+00:00", True),  # a Friday, 08:00
+    ("2026-12-07T18:00:00+00:00", False),  # Monday, 18:00: after hours
+    ("2026-12-08T07:59:59+00:00", False),  # Tuesday, a second before 8
+    ("2026-12-12T12:00:00+00:00", False),  # a Saturday
+    ("2026-12-13T12:00:00+00:00", False),  # a Sunday
+])  # fmt: skip
+def test_a_rule_keeps_a_fleet_by_the_clock(when: str, fires: bool) -> None:
+    """The fleet fact carries the tick's hour and weekday (UTC), so a rule can keep a floor in
+    office hours; before, no condition could read the time."""
+    now = datetime.fromisoformat(when).timestamp()
+    facts = build_facts(Observation(now, (), (), ()), History(), now)
+    fleet = next(f for f in facts if f["kind"] == "fleet")
+    moment = datetime.fromisoformat(when)
+    assert (fleet["hour_utc"], fleet["weekday_utc"]) == (moment.hour, moment.weekday())
+    matched = engine_of(BY_THE_CLOCK).match(facts, now)
+    rules = [m.key for m in matched if m.key.startswith("rule:")]
+    assert rules == (["rule:office-hours-floor"] if fires else [])

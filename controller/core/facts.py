@@ -31,6 +31,7 @@ FIELDS: dict[str, frozenset[str]] = {
             "id", "instances", "active", "serving", "booting", "dead", "drained",
             "pending_launches", "parked",
             "spend_per_h", "launches_1h", "starts_1h", "pending", "running_tasks",
+            "hour_utc", "weekday_utc",
         }
     ),
     "sensor": frozenset({"id", "name", "state", "detail"}),
@@ -142,6 +143,10 @@ def fleet_fact(obs: Observation, hist: History, now: float) -> dict[str, Any]:
         # tasks on the fleet's own nodes: Curio's other nodes (the operator's own) may run
         # proving tasks too, and those are not this fleet's capacity in use
         "running_tasks": sum(i.tasks_running for i in inst),
+        # the tick's hour and day of the week (UTC, Monday 0), for a fleet kept by the clock:
+        # `fleet: {hour_utc: {gte: 8, lt: 18}, weekday_utc: {lte: 4}}`
+        "hour_utc": int(now // 3600 % 24),
+        "weekday_utc": int((now // 86400 + 3) % 7),  # (1 January 1970 was a Thursday)
     }
 
 

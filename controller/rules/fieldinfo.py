@@ -58,6 +58,8 @@ INFO: dict[str, dict[str, FieldInfo]] = {
                          "pending_launches", "launches_1h", "pending", "running_tasks", "parked",
                          "starts_1h"), COUNT),
         "spend_per_h": MONEY,
+        "hour_utc": FieldInfo("number", 0, 23, integer=True),
+        "weekday_utc": FieldInfo("number", 0, 6, integer=True),
     },
     "sensor": dict.fromkeys(("id", "name", "state", "detail"), TEXT),
 }  # fmt: skip

@@ -60,7 +60,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     },
     "fleet": {"instances": 1, "active": 1, "serving": 1, "booting": 0, "dead": 0, "drained": 0,
               "parked": 0, "pending_launches": 0, "spend_per_h": 0.5, "launches_1h": 0,
-              "starts_1h": 0, "pending": 0, "running_tasks": 0},
+              "starts_1h": 0, "pending": 0, "running_tasks": 0, "hour_utc": 12,
+              "weekday_utc": 2},
     "sensor": {"name": "provider", "state": "ok", "detail": ""},
 }  # fmt: skip
 
