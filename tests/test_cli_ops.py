@@ -619,3 +619,43 @@ def test_an_answer_waits_out_a_write_longer_than_the_controller_waits(
     assert "try again" in tick.stderr and "OperationalError" not in tick.stderr
     assert answer.returncode == 0, err[-2000:]
     assert out.startswith("escalation #1 approved by ops")
+
+
+def test_a_second_run_on_the_same_config_is_one_line_naming_the_port(tmp_path: Path) -> None:
+    """Two `fleetgate run` on one config: the second cannot have api.listen's port. It says
+    so in one line, naming the key and what to do, and exits 2 (a uvicorn traceback before);
+    the first goes on serving."""
+    import socket
+
+    import requests
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = config(tmp_path, f"interval_s: 1\napi:\n  listen: 127.0.0.1:{port}\n"
+                 "  token: {env: FLEETGATE_TEST_API_TOKEN}\n")  # fmt: skip
+    env = {"FLEETGATE_TEST_API_TOKEN": "second-run-token-0123"}
+    args = ("--config", str(cfg), "--state", str(tmp_path / "state"), "run")
+    environ = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    first = subprocess.Popen([sys.executable, "-c", MAIN, *args], cwd=ROOT, env=environ,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/healthz", timeout=2).ok:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert first.poll() is None and time.monotonic() < deadline, "the first run"
+            time.sleep(0.1)
+        second = fg(*args, env=env)
+        assert second.returncode == 2, second.stderr
+        assert "Traceback" not in second.stderr
+        [line] = second.stderr.strip().splitlines()
+        assert line.startswith(f"fleetgate: api.listen 127.0.0.1:{port}: cannot listen: ")
+        assert "`fleetgate run` already running" in line
+        assert requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5).ok
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=60)

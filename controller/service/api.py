@@ -33,9 +33,11 @@ reasons, never the input.
 
 from __future__ import annotations
 
+import errno
 import hmac
 import logging
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -385,25 +387,59 @@ def _record_answer(journal: Journal, esc_id: int, body: Answer, now: float, *, b
         raise HTTPException(code, str(exc)) from exc
 
 
+class ApiStartError(Exception):
+    """The HTTP API cannot listen where the config says: one sentence, naming the key."""
+
+
+def listening_socket(host: str, port: int, key: str = "api.listen") -> socket.socket:
+    """A socket bound and listening on host:port, as uvicorn would make it; an
+    `ApiStartError` naming `key` and the reason when the address cannot be had (another
+    `fleetgate run` on the port, an address this host does not have)."""
+    try:
+        infos = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)  # fmt: skip
+        family, kind, proto, _, address = infos[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+            sock.listen(2048)  # uvicorn's backlog
+        except OSError:
+            sock.close()
+            raise
+    except OSError as exc:
+        reason = (exc.strerror or str(exc)).lower()
+        hint = ""
+        if exc.errno == errno.EADDRINUSE:
+            hint = ("; another program listens there (a `fleetgate run` already running on "
+                    f"this config?): stop it, or give {key} another port")  # fmt: skip
+        raise ApiStartError(f"{key} {host}:{port}: cannot listen: {reason}{hint}") from exc
+    return sock
+
+
 class Server:
     """uvicorn in a daemon thread; `stop()` shuts it down."""
 
-    def __init__(self, app: FastAPI, host: str, port: int) -> None:
+    def __init__(self, app: FastAPI, host: str, port: int, key: str = "api.listen") -> None:
         config = uvicorn.Config(
             app, host=host, port=port, log_level="warning", access_log=False, lifespan="off"
         )
         self._server = uvicorn.Server(config)  # in a thread it installs no signal handlers
-        self._thread = threading.Thread(target=self._server.run, name="fleetgate-api", daemon=True)
+        self._address = (host, port, key)
+        self._thread: threading.Thread | None = None
 
     def start(self, wait_s: float = 10.0) -> None:
+        sock = listening_socket(*self._address)  # an address in use is a sentence, at once
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
+                                        name="fleetgate-api", daemon=True)  # fmt: skip
         self._thread.start()
         deadline = time.monotonic() + wait_s
         while not self._server.started and self._thread.is_alive():
             if time.monotonic() > deadline:
-                raise RuntimeError("the HTTP API did not start in time")
+                raise ApiStartError(f"{self._address[2]}: the HTTP API did not start in time")
             time.sleep(0.02)
         if not self._server.started:
-            raise RuntimeError("the HTTP API could not start (is the port in use?)")
+            raise ApiStartError(f"{self._address[2]}: the HTTP API could not start")
 
     @property
     def port(self) -> int:
@@ -415,7 +451,8 @@ class Server:
 
     def stop(self) -> None:
         self._server.should_exit = True
-        self._thread.join(timeout=10)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
 
 
 class Servers:

@@ -108,7 +108,11 @@ class App:
                          view=self.view())  # fmt: skip
         servers = Servers(Server(app, *_address(api.listen)))
         if api.instance_listen is not None:
-            servers.instances = Server(create_instance_app(routers), *_address(api.instance_listen))
+            servers.instances = Server(
+                create_instance_app(routers),
+                *_address(api.instance_listen),
+                key="api.instance_listen",
+            )
         servers.start()
         host = _address(api.listen)[0]
         log.info("HTTP API on http://%s:%d (answers: POST /v1/escalations/ID/answer)", host,

@@ -476,7 +476,13 @@ def _with_app(app: App, args: argparse.Namespace) -> int:
 
     cmd = args.command
     if cmd == "run":
-        api = app.serve_api()
+        from controller.service.api import ApiStartError
+
+        try:
+            api = app.serve_api()
+        except ApiStartError as exc:  # the port taken (another `run`?): a sentence, no trace
+            print(f"fleetgate: {exc}", file=sys.stderr)
+            return 2
         hup = ConfigReload(app, args.config)
         pruner = Pruner(app.journal.store, app.config.retention)
 
