@@ -7,7 +7,9 @@ regular file is read, and at most `limit` bytes of it; a larger one is an error 
 
 from __future__ import annotations
 
+import errno
 import os
+import pwd
 import stat
 from pathlib import Path
 
@@ -30,3 +32,19 @@ def read_text(path: str | Path, limit: int = MIB) -> str:
     if len(data) > limit:
         raise TooLarge(0, f"over {limit // 1024} KiB", str(path))
     return data.decode("utf-8")
+
+
+def unreadable(exc: OSError) -> str:
+    """Why `exc` kept a file from being read, as a sentence's end: the system's reason, and for
+    a permission refused, the user this process runs as (a root-only file read by a service
+    user is the usual cause)."""
+    reason = exc.strerror or type(exc).__name__
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        uid = os.geteuid()
+        try:
+            user = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            user = str(uid)
+        reason += (f" (fleetgate runs as user {user}: make the file, and its folders, "
+                   "readable by it)")  # fmt: skip
+    return reason

@@ -82,7 +82,7 @@ def read_rulebook(
         try:
             texts.append((str(f), textfile.read_text(f)))
         except OSError as exc:
-            problems.append(Problem(str(f), 0, f"cannot read: {exc.strerror}"))
+            problems.append(Problem(str(f), 0, f"cannot read: {textfile.unreadable(exc)}"))
         except UnicodeDecodeError as exc:
             problems.append(
                 Problem(

@@ -282,7 +282,7 @@ def load_config(path: str | None, environ: Mapping[str, str] | None = None) -> C
     try:
         text = textfile.read_text(path)
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+        raise ConfigError(f"{path}: cannot read: {textfile.unreadable(exc)}") from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: cannot read: not UTF-8 text ({exc.reason})") from exc
     return parse_config(path, text, environ)

@@ -13,7 +13,6 @@ import os
 from pydantic import BaseModel, ConfigDict, SecretStr, model_validator
 
 from controller import textfile
-from controller.textfile import TooLarge
 
 
 class SecretError(ValueError):
@@ -46,10 +45,12 @@ class SecretRef(BaseModel):
             return _remember(value.strip())
         try:
             text = textfile.read_text(str(self.file), limit=64 * 1024)
-        except TooLarge as exc:
-            raise SecretError(f"cannot read secret file {self.file}: {exc.strerror}") from exc
-        except (OSError, UnicodeDecodeError) as exc:
-            raise SecretError(f"cannot read secret file {self.file}: {type(exc).__name__}") from exc
+        except OSError as exc:
+            why = textfile.unreadable(exc)
+            raise SecretError(f"cannot read secret file {self.file}: {why}") from exc
+        except UnicodeDecodeError as exc:
+            why = f"not UTF-8 text ({exc.reason})"
+            raise SecretError(f"cannot read secret file {self.file}: {why}") from exc
         value = text.strip().splitlines()[0].strip() if text.strip() else ""
         if not value:
             raise SecretError(f"secret file {self.file} is empty")
