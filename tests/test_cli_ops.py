@@ -659,3 +659,34 @@ def test_a_second_run_on_the_same_config_is_one_line_naming_the_port(tmp_path: P
     finally:
         first.send_signal(signal.SIGTERM)
         first.wait(timeout=60)
+
+
+def test_a_real_fleets_first_tick_says_it_made_a_new_journal(tmp_path: Path) -> None:
+    """`fleetgate --config /etc/fleetgate/config.yaml tick` without the --state the service
+    uses makes a journal of its own in ./.fleetgate, to which the whole account is foreign:
+    the first tick says so at WARNING (so cron mails it), naming the path; the next is quiet."""
+    from fakes.curio_db import CurioDB
+    from fakes.vast_server import FakeVast, offer
+
+    dsn = os.environ.get("FLEETGATE_TEST_PG_DSN",
+                         "host=127.0.0.1 port=5432 dbname=test user=postgres")  # fmt: skip
+    with FakeVast(offers=[offer(101)]) as vast, CurioDB(dsn) as curio:
+        vast.add_instance(label="fg-1-1-0-abcdef")  # another journal's instance
+        cfg = config(tmp_path, f"provider: vast\ndemand: curio\n"
+                     f"vast: {{base_url: '{vast.url}', api_key: {{env: FG_TEST_VAST_KEY}}, "
+                     f"image: 'img'}}\n"
+                     f"curio: {{dsn: {{env: FG_TEST_CURIO_DSN}}, schema_name: {curio.schema}}}\n"
+                     "api: {listen: '127.0.0.1:0', token: {env: FG_TEST_API_TOKEN}}\n"
+                     "instances: {}\nescalation: {channels: [file]}\n")  # fmt: skip
+        env = {"FG_TEST_VAST_KEY": vast.api_key, "FG_TEST_CURIO_DSN": dsn,
+               "FG_TEST_API_TOKEN": "new-journal-token-0123"}  # fmt: skip
+        workdir = tmp_path / "elsewhere"
+        workdir.mkdir()
+        first = ok(fg("--config", str(cfg), "--log-level", "WARNING", "tick", cwd=workdir,
+                      env=env))  # fmt: skip
+        where = workdir / ".fleetgate" / "journal.db"
+        assert f"WARNING new journal at {where}: " in first.stderr
+        assert "point --state (or state_dir, or journal:) at the journal" in first.stderr
+        again = ok(fg("--config", str(cfg), "--log-level", "WARNING", "tick", cwd=workdir,
+                      env=env))  # fmt: skip
+        assert "new journal" not in again.stderr

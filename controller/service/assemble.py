@@ -42,7 +42,7 @@ from controller.service.tick import Controller
 from controller.sim import SimConfig, Simulation
 from controller.sim.agents import AgentSettings
 from controller.sim.wire import Seams, SimWire
-from controller.store.backend import PERSON_WAIT_S, WAIT_S
+from controller.store.backend import PERSON_WAIT_S, WAIT_S, JournalError
 from controller.store.journal import Journal
 from controller.store.lease import Lease
 from escalation.channels.base import Channel
@@ -102,8 +102,15 @@ def assemble(
     with building(config_path, "escalation.templates_dir", RenderError):
         renderer = Renderer(config.escalation.templates_dir)
     channels = _channels(config, config_path, state, clock, sleep)
+    fresh = not dry and not read_only and config.provider != "sim"
+    fresh = fresh and _no_journal_yet(config, state)
     journal = (Journal(":memory:") if dry
                else open_journal(config, state, read_only=read_only, person=person))  # fmt: skip
+    if fresh:  # a real fleet's journal made anew: a forgotten --state looks just like this
+        log.warning("new journal at %s: this controller has rented nothing yet, so every "
+                    "instance on the account is not its own; if fleetgate already runs this "
+                    "fleet, stop it and point --state (or state_dir, or journal:) at the "
+                    "journal it uses", _journal_where(config, state))  # fmt: skip
     closers: list[Callable[[], None]] = []
     try:
         escalator = _escalator(config, config_path, state, journal, renderer, channels, clock,
@@ -252,6 +259,28 @@ def open_journal(config: Config, state: Path, *, read_only: bool = False,
     section = config.journal
     return Journal(PostgresStore(section.dsn.get_secret_value(), section.schema_name,
                                  section.connect_timeout_s))  # fmt: skip
+
+
+def _no_journal_yet(config: Config, state: Path) -> bool:
+    """Whether opening the journal will create it (asked before, creating nothing)."""
+    if config.journal is None:
+        return not (state / "journal.db").exists()
+    from controller.store.backend import PostgresStore
+
+    pg = config.journal
+    try:
+        return not PostgresStore.holds_journal(pg.dsn.get_secret_value(), pg.schema_name,
+                                               pg.connect_timeout_s)  # fmt: skip
+    except JournalError:  # opening it says why, at once
+        return False
+
+
+def _journal_where(config: Config, state: Path) -> str:
+    if config.journal is None:
+        return str((state / "journal.db").absolute())
+    from controller.store.backend import PostgresStore
+
+    return PostgresStore.where_of(config.journal.dsn.get_secret_value(), config.journal.schema_name)
 
 
 def lease(config: Config, journal: Journal) -> Lease:
