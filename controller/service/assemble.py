@@ -297,10 +297,12 @@ def answer_url(config: Config) -> str | None:
 
 
 def cli_prefix(config_path: str | None, state: Path) -> str:
-    """The command people run to answer, with this controller's --config and --state."""
+    """The command people run to answer, with this controller's --config and --state as
+    absolute paths: it is pasted from a message into a shell in any directory (the default
+    state, `.fleetgate`, is left out: the simulator's lines stay short)."""
     parts = ["fleetgate"]
     if config_path:
-        parts += ["--config", config_path]
+        parts += ["--config", str(Path(config_path).absolute())]
     if str(state) != ".fleetgate":
-        parts += ["--state", str(state)]
+        parts += ["--state", str(state.absolute())]
     return " ".join(shlex.quote(p) for p in parts)

@@ -220,3 +220,33 @@ def test_a_capped_proposal_prints_the_override_that_carries_it_out(tmp_path: Pat
             "replace", "7", ("max_instances",))  # fmt: skip
     finally:
         j.close()
+
+
+def test_a_printed_line_works_from_another_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A controller started with relative paths (`--config etc/config.yaml --state state`,
+    as the example's header shows them) prints them absolute: the line pasted from Slack
+    into a shell in the home directory answers (before: `etc/config.yaml: cannot read`)."""
+    from controller.service.assemble import cli_prefix
+
+    where = tmp_path / "controller"
+    (where / "etc").mkdir(parents=True)
+    (where / "etc" / "config.yaml").write_text("interval_s: 60\n")
+    (where / "state").mkdir()
+    monkeypatch.chdir(where)
+    j = Journal(where / "state" / "journal.db")
+    try:
+        e = Escalator(j, Notifier([], Renderer()), window_s=60, deadline_s=1900,
+                      cli_prefix=cli_prefix("etc/config.yaml", Path("state")))  # fmt: skip
+        esc = raise_one(j)
+        approve = cli_line(message(e, j, esc, "message.txt.j2"), "approve")
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+        home = tmp_path / "home"
+        home.mkdir()
+        run = subprocess.run(["bash", "-c", approve], env=env, cwd=home, capture_output=True,
+                             text=True, timeout=60)  # fmt: skip
+        assert run.returncode == 0, approve + "\n" + run.stdout + run.stderr
+        assert j.escalations.escalation(esc)["status"] == "approved"
+    finally:
+        j.close()
