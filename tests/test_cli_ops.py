@@ -479,6 +479,48 @@ def test_the_shipped_systemd_unit(tmp_path: Path) -> None:
     assert out.returncode == 0 and not problems, out.stderr
 
 
+def test_the_units_install_steps_give_the_example_config_what_it_names(tmp_path: Path) -> None:
+    """The header of deploy/fleetgate.service, pasted: its `fleetgate init` and `cp` steps
+    (the install's paths moved under tmp_path, the installed package being this tree) leave
+    /etc/fleetgate/config.yaml the real fleet's example, with the rules folder it names; the
+    unit's ExecStart then starts on it (`check` in place of `run`: it builds the same, dry).
+    Before, no step made /etc/fleetgate/rules, and the service refused to start."""
+    exe = Path(sys.executable).with_name("fleetgate")
+    site = "/opt/fleetgate/lib/python3.11/site-packages/controller"
+    places = {"/etc/fleetgate": str(tmp_path / "etc"), site: str(ROOT / "controller"),
+              "/opt/fleetgate/bin/fleetgate": str(exe)}  # fmt: skip
+    lines = []
+    for line in (ROOT / "deploy" / "fleetgate.service").read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line[1:].strip().removeprefix("install:").strip())
+    pasted = []
+    for n, line in enumerate(lines):
+        if line.startswith(("/opt/fleetgate/bin/fleetgate init ", "cp ")):
+            pasted.append(line + ("\n" + lines[n + 1] if line.endswith("\\") else ""))
+    assert len(pasted) == 2, pasted
+    (tmp_path / "etc").mkdir()
+    for step in pasted:
+        for path, place in places.items():
+            step = step.replace(path, place)
+        out = subprocess.run(["sh", "-c", step], capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+        assert out.returncode == 0, f"{step}\n{out.stdout}{out.stderr}"
+    cfg = tmp_path / "etc" / "config.yaml"
+    cfg.write_text(cfg.read_text().replace("/etc/fleetgate", str(tmp_path / "etc")))
+    secrets = {
+        "VAST_API_KEY": "k" * 16,
+        "CURIO_DSN": "host=127.0.0.1 dbname=curio",
+        "FLEETGATE_API_TOKEN": "t" * 16,
+        "SLACK_WEBHOOK_URL": "https://hooks.invalid/x",
+    }
+    out = fg("--config", str(cfg), "--state", str(tmp_path / "var"), "check", env=secrets)
+    assert out.returncode == 0 and out.stdout.startswith("ok: 18 rules"), out.stderr
+    (tmp_path / "etc" / "rules").rename(tmp_path / "etc" / "gone")  # as it was before the step
+    out = fg("--config", str(cfg), "--state", str(tmp_path / "var"), "check", env=secrets)
+    assert out.returncode == 1 and "`fleetgate init DIR` writes the shipped rules" in out.stderr
+
+
 def test_the_cron_example_names_commands_that_exist() -> None:
     lines = [
         line

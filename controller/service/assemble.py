@@ -128,13 +128,18 @@ def assemble(
         raise
 
 
+# what to do about a rules path the config names that is not there
+RULES_HINT = (" (`fleetgate init DIR` writes the shipped rules into DIR/rules, to edit; "
+              "without `rules:` the rules installed with the package apply)")  # fmt: skip
+
+
 def _rules(config: Config, config_path: str | None, cli_paths: list[str] | None) -> list[Path]:
     paths = rules_paths(config, cli_paths)
     if config.rules and not cli_paths:
         for n, path in enumerate(paths):
             if not path.exists():
                 raise ConfigError(f"{config_path or '(the defaults)'}: rules.{n}: {str(path)!r} "
-                                  "is neither a rules file nor a folder")  # fmt: skip
+                                  f"is neither a rules file nor a folder{RULES_HINT}")  # fmt: skip
     return paths
 
 

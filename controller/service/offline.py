@@ -101,7 +101,9 @@ def rules_problem(config: Config) -> str | None:
     paths = rules_paths(config)
     absent = [p for p in paths if not p.exists()]
     if absent:
-        return f"rules: {str(absent[0])!r} is neither a rules file nor a folder"
+        from controller.service.assemble import RULES_HINT
+
+        return f"rules: {str(absent[0])!r} is neither a rules file nor a folder{RULES_HINT}"
     try:
         read_rulebook(paths)
     except RulesError as exc:
