@@ -218,7 +218,9 @@ def test_a_cron_tick_takes_the_lease_and_stands_aside_for_a_leader(
     leader = Lease(j, "ops-1:4242", ttl_s=60)
     assert leader.renew()
     assert main(["--state", str(state), "tick"]) == 0
-    assert "ops-1:4242 leads (token 2" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "ops-1:4242 leads (token 2" in said
+    assert "it ticks by itself: drop this cron line (or stop the service)" in said  # the fix
     assert len(j.meta.ticks()) == 1  # it did not tick
     assert main(["--state", str(state), "status"]) == 0
     assert "leader: ops-1:4242 (token 2, lease" in capsys.readouterr().out
