@@ -732,3 +732,18 @@ def test_a_real_fleets_first_tick_says_it_made_a_new_journal(tmp_path: Path) -> 
         again = ok(fg("--config", str(cfg), "--log-level", "WARNING", "tick", cwd=workdir,
                       env=env))  # fmt: skip
         assert "new journal" not in again.stderr
+
+
+def test_each_commands_help_says_what_it_does_and_where_the_state_is() -> None:
+    """`fleetgate run --help` (and every command's) opens with what the command does, as the
+    top-level list says it; --state names every place it comes from, in the order used
+    (the cron file sets $FLEETGATE_STATE, which a config's state_dir overrides)."""
+    top = ok(fg("--help")).stdout
+    for command in ("run", "tick", "check", "status", "pause", "prune", "init"):
+        said = ok(fg(command, "--help")).stdout
+        summary = top.split(f"\n    {command} ", 1)[1].split("\n", 1)[0].strip()
+        assert f"\n\n{summary}\n" in said, (command, said)
+        flat = " ".join(said.split())
+        assert "(default: the config's state_dir, else $FLEETGATE_STATE, else ./.fleetgate)" in flat
+    approve = ok(fg("escalations", "approve", "--help")).stdout
+    assert "\n\napprove one (optionally another action or parameters)\n" in approve

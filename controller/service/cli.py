@@ -110,7 +110,9 @@ def _add_common(p: argparse.ArgumentParser, default: Any) -> None:
     top = default is None
     options: dict[str, dict[str, Any]] = {
         "--config": {"metavar": "FILE", "help": "config file (default: built-in simulator)"},
-        "--state": {"metavar": "DIR", "help": "state directory (default: ./.fleetgate)"},
+        "--state": {"metavar": "DIR", "help": "state directory (default: the config's "
+                                              "state_dir, else $FLEETGATE_STATE, else "
+                                              "./.fleetgate)"},
         "--log-level": {"default": "INFO", "choices": ["DEBUG", "INFO", "WARNING", "ERROR"]},
         "--log-format": {"default": "text", "choices": ["text", "json"],
                          "help": "json: one object a line (ts, level, logger, msg, extras)"},
@@ -127,6 +129,10 @@ def _share_common(p: argparse.ArgumentParser) -> None:
     """Add the common options to every (sub)command's parser."""
     for action in p._actions:
         if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help for a in action._choices_actions}
+            for name, child in action.choices.items():
+                if child.description is None and helps.get(name):
+                    child.description = helps[name]  # `fleetgate run --help` says what it does
             for child in dict.fromkeys(action.choices.values()):
                 _add_common(child, argparse.SUPPRESS)
                 _share_common(child)
@@ -181,11 +187,13 @@ def _add_loop_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     run.add_argument("--seed", type=int, help="simulator seed for a new state directory")
     sub.add_parser("tick", help="run exactly one tick and exit")
     check = sub.add_parser("check", help="validate rules files and the config")
-    check.add_argument("paths", nargs="*")
+    check.add_argument("paths", nargs="*", help="rules files or folders (default: the config's)")
     explain = sub.add_parser("explain", help="show what a tick would do; changes nothing")
     explain.add_argument("--json", action="store_true")
     tr = sub.add_parser("test-rules", help="run rule unit tests")
-    tr.add_argument("paths", nargs="*")
+    tr.add_argument(
+        "paths", nargs="*", help="rule test files or folders (default: tests/ in each rules folder)"
+    )
     acts = sub.add_parser("actions", help="the journal of actions")
     acts.add_argument("--json", action="store_true")
     acts.add_argument("--all", action="store_true", help="also vetoed, asked, superseded ones")
