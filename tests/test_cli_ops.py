@@ -91,12 +91,17 @@ def config(tmp: Path, text: str) -> Path:
     return cfg
 
 
-@pytest.fixture(params=["broken rules", "unset secret"])
+@pytest.fixture(params=["broken rules", "unset secret", "typo"])
 def broken(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Path, str]:
-    """A config `run` refuses, and the words its warning must contain."""
+    """A config `run` refuses, and the words its warning must contain. (A typo in a live
+    config made `pause`, the brake, and `status` refuse too, while the controller went on
+    with the config it had loaded.)"""
     if request.param == "broken rules":
         rules = broken_rules(tmp_path)
         return config(tmp_path, f"rules: ['{rules}']\n"), "zz-broken.yaml:3"
+    if request.param == "typo":
+        text = "guards:\n  max_instancs: 4\nescalation:\n  deadline_s: -5\n"
+        return config(tmp_path, text), "fleetgate.yaml:2: guards.max_instancs: unknown key"
     slack = f"{{type: slack, webhook_url: {{env: {UNSET}}}}}"
     text = f"escalation:\n  channels:\n    - console\n    - {slack}\n"
     return config(tmp_path, text), f"environment variable {UNSET} is not set"
@@ -747,3 +752,17 @@ def test_each_commands_help_says_what_it_does_and_where_the_state_is() -> None:
         assert "(default: the config's state_dir, else $FLEETGATE_STATE, else ./.fleetgate)" in flat
     approve = ok(fg("escalations", "approve", "--help")).stdout
     assert "\n\napprove one (optionally another action or parameters)\n" in approve
+
+
+@pytest.mark.parametrize("text", [
+    "state_dir: 5\nguards: {max_instancs: 4}\n",  # where the journal is: not guessed
+    "journal: {dsn: 5}\n",
+    "guards: [\n",  # YAML that does not parse
+])  # fmt: skip
+def test_the_brake_refuses_a_config_whose_journal_it_cannot_place(
+    text: str, tmp_path: Path, journal_dir: Path
+) -> None:
+    cfg = config(tmp_path, text)
+    out = fg("--config", str(cfg), "--state", str(journal_dir), "pause")
+    assert out.returncode == 2 and "fleetgate.yaml:" in out.stderr and not out.stdout
+    assert "Traceback" not in out.stderr

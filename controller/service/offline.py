@@ -2,11 +2,13 @@
 and resume (the emergency brake).
 
 They must work while the running controller keeps acting, whatever is wrong on disk: rules
-that do not load, a secret whose environment variable is unset. So they never read the rules
-into an engine, never build a channel, an LLM client or a fleet:
+that do not load, a secret whose environment variable is unset, a config section with an
+error. So they never read the rules into an engine, never build a channel, an LLM client or a
+fleet:
 
 1. load the config, resolving the secrets that resolve; one that does not is noted, not fatal
-   (unless it is the journal's own DSN, without which there is no journal to read);
+   (unless it is the journal's own DSN, without which there is no journal to read); a
+   top-level section with an error is noted and left out (unless it says where the journal is);
 2. open the journal that exists: the SQLite file in the state directory (read-only for the
    read commands) or the configured PostgreSQL schema. No journal at the path is an error
    (`no journal at PATH`), never a new empty one: a command run in the wrong directory says
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 
 from controller import textfile
 from controller.core.brief import brief
@@ -67,19 +69,29 @@ def wants_offline(command: str, esc_command: str | None) -> bool:
 
 
 def lenient_config(path: str | None) -> tuple[Config, list[str]]:
-    """The config; a secret that does not resolve stands in as a placeholder and is named in
-    the problems. Any other error in the file is the strict loader's `ConfigError`."""
+    """The config; a secret that does not resolve stands in as a placeholder, and a top-level
+    section with an error is left out (its defaults stand), each named in the problems: the
+    brake (`pause`) and `status` must work after a bad edit to a live config, whose controller
+    goes on with the config it loaded. The sections that say where the journal is
+    (`JOURNAL_KEYS`) are never left out: with an error there, or in the file as a whole (YAML
+    that does not parse), the strict loader's `ConfigError`."""
     try:
         return load_config(path), []
     except ConfigError as strict:
         missing: list[str] = []
-        config = _with_placeholders(path, missing)
-        if config is None or not missing:
+        dropped: list[str] = []
+        config = _with_placeholders(path, missing, dropped)
+        if config is None or not (missing or dropped):
             raise
-        return config, [str(strict).splitlines()[0]]
+        lines = str(strict).splitlines()
+        more = f" (and {len(lines) - 1} more: `fleetgate check`)" if len(lines) > 1 else ""
+        return config, [lines[0] + more]
 
 
-def _with_placeholders(path: str | None, missing: list[str]) -> Config | None:
+JOURNAL_KEYS = frozenset({"state_dir", "journal"})
+
+
+def _with_placeholders(path: str | None, missing: list[str], dropped: list[str]) -> Config | None:
     resolve = secret_resolver()
 
     def tolerant(value: object) -> SecretStr:
@@ -91,9 +103,26 @@ def _with_placeholders(path: str | None, missing: list[str]) -> Config | None:
 
     try:
         doc = load(textfile.read_text(str(path))) or Located()
-        return Config.model_validate(doc, context={RESOLVER: tolerant})
     except Exception:  # noqa: BLE001 - any other problem: the strict error stands
         return None
+    if not isinstance(doc, dict):
+        return None
+    for _ in range(len(doc) + 1):
+        missing.clear()
+        try:
+            return Config.model_validate(doc, context={RESOLVER: tolerant})
+        except ValidationError as exc:
+            errors = exc.errors()
+            bad = {str(e["loc"][0]) for e in errors if e["loc"]}
+            if any(not e["loc"] for e in errors) or bad & JOURNAL_KEYS or not bad <= set(doc):
+                return None  # an error of the whole, or where the journal is: it stands
+            kept = Located((k, v) for k, v in doc.items() if k not in bad)
+            kept.line, kept.key_lines = getattr(doc, "line", 0), getattr(doc, "key_lines", {})
+            doc = kept
+            dropped += sorted(bad)
+        except Exception:  # noqa: BLE001 - any other problem: the strict error stands
+            return None
+    return None
 
 
 def rules_problem(config: Config) -> str | None:
