@@ -689,6 +689,8 @@ def test_a_refused_key_is_permanent_and_never_shown(fake: FakeVast, rig: MakeRig
         r.client.search_offers({})
     for exc in (listing.value, search.value):
         assert "wrong-key" not in str(exc) and KEY not in str(exc)
+        # where to look: a wrong key does not mend itself, as a sensing failure might
+        assert "check vast.api_key" in str(exc) and "wrong or revoked" in str(exc), exc
     assert len(fake.of("list")) == 1  # a 401 is not retried
 
 

@@ -40,6 +40,7 @@ from controller.fleet.vast_errors import (
     error_fields,
     fields_text,
     http_error,
+    key_refused,
 )
 from controller.fleet.vast_http import Unreached, VastHTTP
 
@@ -278,7 +279,7 @@ def _create_outcome(
     if code == 429:
         raise NotDone(f"{what}: rate limited (HTTP 429); not created")
     if code in (401, 403):
-        raise PermanentProviderError(f"{what}: vast refused the API key (HTTP {code})")
+        raise key_refused(what, code)
     if 400 <= code < 500:
         raise PermanentProviderError(f"{what}: vast refused (HTTP {code}){fields_text(fields)}")
     if not 200 <= code < 300:

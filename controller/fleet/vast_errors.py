@@ -46,12 +46,22 @@ class CreateOutcomeUnknown(base.CreateOutcomeUnknown):
         self.offer_id = offer_id
 
 
+def key_refused(what: str, code: int) -> PermanentProviderError:
+    """vast refused the key: wrong or revoked (401), or without the permission (403). It does
+    not mend itself, so the message says where the key comes from."""
+    why = "a key without the permission for this call" if code == 403 else "a wrong or revoked key"
+    return PermanentProviderError(
+        f"{what}: vast refused the API key (HTTP {code}: {why}); check vast.api_key in the "
+        "config and the key in vast's console; nothing changes until it is fixed"
+    )
+
+
 def http_error(response: requests.Response, what: str, key: str) -> ProviderError:
     """The error for a non-2xx answer to `what`: temporary for 429 and 5xx, else permanent."""
     code = response.status_code
     says = fields_text(error_fields(response, key))
     if code in (401, 403):
-        return PermanentProviderError(f"{what}: vast refused the API key (HTTP {code})")
+        return key_refused(what, code)
     if code == 410:
         return PermanentProviderError(f"{what}: HTTP 410 Gone (the endpoint is retired){says}")
     if code == 429:
