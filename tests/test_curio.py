@@ -357,6 +357,7 @@ def test_a_failed_connection_is_a_sensor_error_without_the_password(
     assert time.monotonic() - started < 2
     message = str(caught.value)
     assert message.startswith("cannot connect to the Curio database")
+    assert message.endswith("(check curio.dsn, and that the server runs)")  # where to look
     assert PASSWORD not in message and PASSWORD[3:] not in message and bad_dsn not in message
 
 
@@ -401,7 +402,7 @@ def test_a_connect_error_echoing_the_password_is_scrubbed(db: CurioDB) -> None:
 def test_a_missing_schema_is_a_sensor_error(db: CurioDB) -> None:
     curio = CurioDemand(CurioSettings(dsn=DSN, schema_name=f"nope_{secrets.token_hex(4)}"))
 
-    with pytest.raises(SensorError, match="is schema_name 'nope_.*' right"):
+    with pytest.raises(SensorError, match="is curio.schema_name 'nope_.*' right"):
         curio.demand()
     with pytest.raises(SensorError, match="harmony_machines"):
         curio.machines()

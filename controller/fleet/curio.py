@@ -390,7 +390,8 @@ class CurioDemand:
             # libpq quotes pieces of an unparsable DSN, which may be pieces of the password
             reason = self._scrub(str(exc)) if self._params() else "not a valid connection string"
             raise SensorError(
-                f"cannot connect to the Curio database {self._where()}: {reason}"
+                f"cannot connect to the Curio database {self._where()}: {reason} (check "
+                "curio.dsn, and that the server runs)"
             ) from exc
         try:
             with conn:
@@ -413,7 +414,7 @@ class CurioDemand:
             detail = exc.diag.message_primary or type(exc).__name__
             return (
                 f"Curio {what} failed: {self._scrub(detail)}; "
-                f"is schema_name {schema!r} right and is this Curio's database?"
+                f"is curio.schema_name {schema!r} right and is this Curio's database?"
             )
         detail = exc.diag.message_primary or str(exc)
         return f"Curio {what} failed ({self._where()}): {type(exc).__name__}: {self._scrub(detail)}"
