@@ -452,3 +452,21 @@ def test_the_agent_folder_copied_anywhere_runs_alone(tmp_path: Path) -> None:
                           "--once"], env=env(f"http://127.0.0.1:{dead_port()}"),
                          capture_output=True, text=True, timeout=60, cwd=tmp_path)  # fmt: skip
     assert out.returncode == 3 and "cannot reach the controller" in out.stderr, out.stderr
+
+
+def test_every_agent_command_and_option_says_what_it_is() -> None:
+    """`fleetgate-agent register --help` listed --min-rate, --vast-id and --host-and-port with
+    no word of what they are, and the commands with none of what they do."""
+    import argparse
+
+    from controller.fleet.agent.fleetgate_agent import parser
+
+    top = parser()
+    (choices,) = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
+    helps = {c.dest: c.help for c in choices._choices_actions}
+    assert set(helps) == set(choices.choices) and all(helps.values()), helps
+    for name, sub in choices.choices.items():
+        assert sub.description, name
+        for action in sub._actions:
+            if not isinstance(action, argparse._HelpAction):
+                assert action.help, f"{name} {action.option_strings or action.dest}"
