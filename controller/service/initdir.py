@@ -87,7 +87,8 @@ state_dir: {state}
 rules: [{rules}]
 
 # ---- The built-in simulator: a vast-like fleet and a Curio-like proving queue on virtual time.
-# For a real fleet, comment out this block and uncomment the one after it.
+# For a real fleet, comment out this block, uncomment the one after it, and start with
+# gate.mode: propose (below).
 interval_s: 0.1                 # real seconds between ticks (the simulator runs fast)
 provider: sim
 demand: sim
@@ -123,7 +124,8 @@ sim:
 
 # ---- What it may do alone, and the limits nothing crosses.
 gate:
-  mode: act                     # propose: every action waits for an approval
+  mode: act                     # a real fleet starts with propose: every action waits for
+                                # a person's approval, until the rules have earned act
   confidence_threshold: 0.8     # rule proposals below it are escalated instead
 guards:
   min_instances: 0
