@@ -766,3 +766,18 @@ def test_the_brake_refuses_a_config_whose_journal_it_cannot_place(
     out = fg("--config", str(cfg), "--state", str(journal_dir), "pause")
     assert out.returncode == 2 and "fleetgate.yaml:" in out.stderr and not out.stdout
     assert "Traceback" not in out.stderr
+
+
+def test_status_says_what_an_answer_and_the_launches_have_set_in_motion(
+    journal_dir: Path, tmp_path: Path
+) -> None:
+    """Right after an approval `status` said nothing of it until the next tick carried it out
+    ("pending escalations: 0"), nor of launches rented and not listed yet ("instances 0")."""
+    state = tmp_path / "copy"
+    shutil.copytree(journal_dir, state)
+    ok(fg("--state", str(state), "escalations", "approve", "1", "--action", "hold", "--by", "ops"))
+    lines = ok(fg("--state", str(state), "status")).stdout.splitlines()
+    assert "pending escalations: 0; approved, carried out at the next tick: 1" in lines, lines
+    ok(fg("--state", str(state), "tick"))
+    lines = ok(fg("--state", str(state), "status")).stdout.splitlines()
+    assert not any("approved, carried out" in line for line in lines), lines

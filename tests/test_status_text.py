@@ -115,3 +115,8 @@ def test_escalations_show_says_the_default_and_the_answer_as_actions() -> None:
                           "action applies)")  # fmt: skip
     assert not any("{'" in line for line in first + resolved + expired)
     assert len(lines(escalation("pending", None, None))) == 4  # no answer line yet
+
+
+def test_launches_on_their_way_are_said_beside_the_instances() -> None:
+    lines = status_lines(doc({"pending": 4}, instances=0, by_stage={}, pending_launches=2))
+    assert lines[2] == "instances 0 (none; 2 rented, not listed yet), spend $1.5/h"

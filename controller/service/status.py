@@ -40,7 +40,10 @@ def status_doc(journal: Journal, *, now: float, provider: str, paused: bool, rul
         "demand": {
             "all": {"pending": summary.get("pending"), "running": summary.get("running_tasks")}
         },  # fmt: skip
+        "pending_launches": summary.get("pending_launches") or 0,
         "pending_escalations": len(journal.escalations.recent(status="pending")),
+        # answered yes, carried out by the controller's next tick
+        "approved_escalations": len(journal.escalations.recent(status="approved")),
         "unanswered": unanswered(journal),
         "leader": lease.read(journal, ttl_s=ttl_s).as_dict(),
         "sim": sim,
@@ -79,7 +82,9 @@ def status_lines(st: dict[str, Any]) -> list[str]:
                      f"{_tick_words(last.get('summary') or {})}")  # fmt: skip
     stages = ", ".join(f"{k} {v}" for k, v in sorted(st["by_stage"].items()))
     spend = st["spend_per_h"]
-    lines.append(f"instances {st['instances']} ({stages or 'none'}), spend "
+    on_way = st.get("pending_launches") or 0
+    rented = f"; {on_way} rented, not listed yet" if on_way else ""
+    lines.append(f"instances {st['instances']} ({stages or 'none'}{rented}), spend "
                  f"{'-' if spend is None else f'${spend}/h'}")  # fmt: skip
     lines.append(_demand_words(st, (last or {}).get("summary") or {}))
     foreign = st.get("foreign") or []
@@ -87,7 +92,10 @@ def status_lines(st: dict[str, Any]) -> list[str]:
         shown = ", ".join(f"{f.get('id')} ({f.get('label') or 'no label'}, {f.get('status')})"
                           for f in foreign)  # fmt: skip
         lines.append(f"not fleetgate's (left alone): {shown}")
-    lines.append(f"pending escalations: {st['pending_escalations']}")
+    approved = st.get("approved_escalations") or 0
+    lines.append(f"pending escalations: {st['pending_escalations']}"
+                 + (f"; approved, carried out at the next tick: {approved}" if approved
+                    else ""))  # fmt: skip
     for u in st.get("unanswered", []):
         lines.append(f"still holds, not asked now: {u['subject']} (asked {u['asks']} "
                      f"time{'s' if u['asks'] != 1 else ''} since {_when(u['since'])}: "

@@ -236,6 +236,7 @@ class Controller:
             "instances": fleet.get("instances"),
             "pending": fleet.get("pending"),
             "spend_per_h": fleet.get("spend_per_h"),
+            "pending_launches": fleet.get("pending_launches"),
             "running_tasks": fleet.get("running_tasks"),
             # what /readyz and the dashboard show: each sensor's state, the queue per task
             "sensors": {s.name: s.state for s in planned.observation.sensors},
