@@ -501,9 +501,11 @@ def test_the_units_install_steps_give_the_example_config_what_it_names(tmp_path:
         lines.append(line[1:].strip().removeprefix("install:").strip())
     pasted = []
     for n, line in enumerate(lines):
-        if line.startswith(("/opt/fleetgate/bin/fleetgate init ", "cp ")):
+        if line.startswith(("/opt/fleetgate/bin/fleetgate init ", "cp ", "install -m 0644 ")):
             pasted.append(line + ("\n" + lines[n + 1] if line.endswith("\\") else ""))
-    assert len(pasted) == 2, pasted
+    assert len(pasted) == 3, pasted
+    places["/etc/systemd/system/"] = str(tmp_path / "systemd") + "/"
+    (tmp_path / "systemd").mkdir()
     (tmp_path / "etc").mkdir()
     for step in pasted:
         for path, place in places.items():
@@ -511,6 +513,9 @@ def test_the_units_install_steps_give_the_example_config_what_it_names(tmp_path:
         out = subprocess.run(["sh", "-c", step], capture_output=True, text=True, timeout=120,
                              env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
         assert out.returncode == 0, f"{step}\n{out.stdout}{out.stderr}"
+    # the unit, from the installed package (a wheel installs controller/deploy/)
+    unit = (tmp_path / "systemd" / "fleetgate.service").read_bytes()
+    assert unit == (ROOT / "deploy" / "fleetgate.service").read_bytes()
     cfg = tmp_path / "etc" / "config.yaml"
     cfg.write_text(cfg.read_text().replace("/etc/fleetgate", str(tmp_path / "etc")))
     secrets = {

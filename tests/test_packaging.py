@@ -21,7 +21,7 @@ from controller.sim.trace import DATA, load_trace, resolve
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_TRACE = ROOT.parent / "shared" / "data" / "openb_pod_list_default.csv"
-SOURCES = ("controller", "escalation", "rules", "pyproject.toml", "README.md")
+SOURCES = ("controller", "escalation", "rules", "deploy", "pyproject.toml", "README.md")
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +71,9 @@ def test_the_wheel_carries_rules_templates_examples_and_the_agent(wheel: Path) -
     for f in (ROOT / "controller" / "examples").glob("*.yaml"):
         assert f"controller/examples/{f.name}" in names
     assert "controller/fleet/agent/fleetgate_agent.py" in names
+    # deploy/: what the unit's and the cron file's install steps copy from the installed copy
+    for f in [*(ROOT / "deploy").glob("fleetgate*"), *(ROOT / "deploy" / "prometheus").glob("*")]:
+        assert f"controller/deploy/{f.relative_to(ROOT / 'deploy').as_posix()}" in names, f
 
 
 def test_the_wheel_carries_every_data_file_of_its_packages(wheel: Path) -> None:
