@@ -41,6 +41,7 @@ from escalation.llm_answer import (
     _raw,
     _stopped_short,
     _tokens,
+    loads,
 )
 from escalation.llm_errors import LLMBudgetExceeded, LLMError, LLMInvalidAnswer, LLMUnavailable
 from escalation.llm_request import (
@@ -337,7 +338,7 @@ class LLMClient:
         if resp.status_code != 200:
             raise LLMUnavailable(f"{status}: {self._snippet(resp)}")
         try:
-            reply = resp.json()
+            reply = loads(resp.content)
         except ValueError as exc:
             raise LLMUnavailable(
                 f"{status} with a body that is not JSON: {self._snippet(resp)}"

@@ -19,6 +19,41 @@ from escalation.situation import sanitize
 
 log = logging.getLogger(__name__)
 
+# How deep a chat completion may nest (its own is about 6 levels, an action's arguments 2 or 3
+# more): JSON nested deeper is no answer, and past about 1,000 levels Python's parser and
+# printer raise RecursionError, which no caller expects.
+MAX_DEPTH = 32
+
+
+def nested_deeper(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether `value` (decoded JSON) nests lists and objects more than `limit` levels deep;
+    walked without recursion."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def loads(text: str | bytes) -> Any:
+    """json.loads, with nesting past the parser's depth (RecursionError) or past MAX_DEPTH a
+    ValueError like any other JSON that is no answer."""
+    try:
+        value = json.loads(text)
+    except RecursionError as exc:
+        raise ValueError("JSON nested too deeply to parse") from exc
+    if nested_deeper(value):
+        raise ValueError(f"JSON nested more than {MAX_DEPTH} levels deep")
+    return value
+
 
 @dataclass(frozen=True)
 class _Call:
@@ -34,7 +69,7 @@ def _short(value: Any) -> str:
 def _json_object(value: Any, what: str) -> dict[str, Any]:
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            value = loads(value)
         except ValueError as exc:
             raise LLMInvalidAnswer(f"{what} is not valid JSON: {exc}") from exc
     if not isinstance(value, dict):  # some servers send tool arguments already decoded
@@ -45,7 +80,7 @@ def _json_object(value: Any, what: str) -> dict[str, Any]:
 def _decoded(arguments: Any) -> Any:
     """Arguments as JSON when they parse (so spacing does not tell two calls apart), else as is."""
     try:
-        return json.loads(arguments) if isinstance(arguments, str) else arguments
+        return loads(arguments) if isinstance(arguments, str) else arguments
     except ValueError:
         return arguments
 
