@@ -363,6 +363,33 @@ def test_an_instance_relabelled_out_of_the_fleet_is_left_alone(world: World) -> 
     assert str(iid) in {i.id for i in world.app.controller.provider.foreign}
 
 
+def test_an_instance_that_relabels_itself_out_of_the_fleet_holds_nothing(world: World) -> None:
+    """The only instance of the fleet is relabelled (by a person, or by anything holding a
+    key to it, the instance itself among them if its container has one): it was counted as
+    vanished from the listing, the provider sensor failed on every tick after, and no launch
+    ever answered the queue again. It is listed, so it did not vanish: it left the fleet, as
+    one a person relabels does, and the fleet goes on."""
+    world.db.post("PoRep", 2)
+    world.tick(4)
+    [iid] = sorted(world.registered)
+    with world.vast.lock:
+        world.vast._instances[iid].fields["label"] = "mine-now"
+    gone = world.cuzk.pop(iid)  # its agent stops here: it is no longer fleetgate's
+    gone.server.shutdown()
+    gone.server.server_close()
+    world.tick(2)
+    world.db.post("PoRep", 4)
+    world.tick(3)
+    last = world.app.journal.meta.ticks(1)[0]["summary"]
+    assert last["sensors"]["provider"] == "ok"
+    assert not [e for e in world.app.journal.escalations.recent()
+                if e["kind"] == "sensing_failure"]  # fmt: skip
+    assert len(world.actions("launch")) >= 2  # the queue is served by new instances
+    assert ("DELETE", f"/api/v0/instances/{iid}/") not in _changes(world)
+    assert str(iid) in {i.id for i in world.app.controller.provider.foreign}
+    assert str(iid) not in world.app.journal.fleet.tracks()
+
+
 def test_a_nan_price_in_the_listing_fails_no_tick(world: World) -> None:
     """Python's JSON reads NaN: `math.floor` of the spend left raised out of every tick."""
     world.db.post("PoRep", 2)

@@ -2,7 +2,8 @@
 
 Pure: an observation and what the journal remembers in, an observation out. A listing that
 lost more than half of a fleet of `min_fleet` or more, or lost everything, when our own
-destroys do not explain it, is marked failed: every fleet change is held, the history is
+destroys do not explain it, is marked failed (an instance listed as not fleetgate's, relabelled
+out of the fleet, did not vanish): every fleet change is held, the history is
 kept (nothing is marked gone), and one sensing failure is escalated. vast's own API has
 answered "no instances" while instances kept billing; this is the last line against it.
 """
@@ -21,7 +22,8 @@ def check_listing(obs: Observation, tracked: Collection[str], destroyed: Collect
     if not obs.sensor_ok("provider") or not tracked:
         return obs
     listed = {i.id for i in obs.instances}
-    unexplained = set(tracked) - listed - set(destroyed)
+    # one listed as not fleetgate's (relabelled out of the fleet) is listed: it did not vanish
+    unexplained = set(tracked) - listed - {i.id for i in obs.foreign} - set(destroyed)
     everything = not listed and bool(unexplained)
     half = len(tracked) >= min_fleet and len(unexplained) > len(tracked) / 2
     if not (everything or half):

@@ -177,7 +177,9 @@ def sense(provider: Sensed, demand: DemandSensor, now: float,
     confirm = getattr(provider, "confirm_gone", None)
     if confirm is None or not obs.sensor_ok("provider"):
         return obs
-    listed = {i.id for i in instances}
+    # one listed as not fleetgate's (relabelled: by a person, or by whatever holds a key to
+    # it) did not vanish: it left the fleet, and is gone from it
+    listed = {i.id for i in instances} | {i.id for i in foreign}
     missing = sorted(set(tracked) - listed - set(destroyed), key=_numeric)
     if not missing:
         return obs
