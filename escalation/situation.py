@@ -130,6 +130,14 @@ def _sanitize_text(text: str, cap: int) -> str:
     return "".join(pieces)
 
 
+def escape_controls(text: str) -> str:
+    """`text` with control, format and separator characters as visible escapes, uncut: one
+    line that moves no cursor, for a terminal or a log (`sanitize` without its cap)."""
+    if text.isprintable():
+        return text
+    return "".join(_escape_char(char) for char in text)
+
+
 def _escape_key(key: Any) -> Any:
     if not isinstance(key, str) or key.isprintable():
         return key

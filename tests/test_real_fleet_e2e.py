@@ -7,7 +7,9 @@ nothing and is escalated once."""
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import os
 import socket
 import threading
@@ -23,7 +25,9 @@ import requests
 from fakes.curio_db import CurioDB
 from fakes.vast_server import Empty, FakeVast, Lost, Status, offer
 from support import FakeClock
+from test_cli_ops import fg, ok
 
+from controller.service import cli
 from controller.service.app import App
 from controller.service.assemble import assemble
 from controller.service.config import parse_config
@@ -388,6 +392,41 @@ def test_an_instance_that_relabels_itself_out_of_the_fleet_holds_nothing(world: 
     assert ("DELETE", f"/api/v0/instances/{iid}/") not in _changes(world)
     assert str(iid) in {i.id for i in world.app.controller.provider.foreign}
     assert str(iid) not in world.app.journal.fleet.tracks()
+
+
+def test_text_an_instance_controls_starts_no_log_line_and_reaches_no_terminal_raw(
+    world: World,
+) -> None:
+    """The Curio node row an instance's node writes, and its vast label, reached the text log
+    and `fleetgate status` raw: a newline in the row forged a log line (a journald entry) of
+    its own, an escape sequence in the label set the terminal's title and cleared it, and a
+    second line in it read like fleetgate's own."""
+    log = io.StringIO()
+    cli._logging("INFO", "text")
+    handler = logging.getLogger().handlers[0]
+    assert isinstance(handler, logging.StreamHandler)
+    handler.setStream(log)
+    world.db.post("PoRep", 2)
+    world.tick(4)
+    [iid] = sorted(world.registered)
+    node = world.db.machine(world.machines[iid])["host_and_port"]
+    world.db._exec("UPDATE {s}.harmony_machines SET host_and_port = %s WHERE id = %s",
+                   [node + "1\nCRITICAL forged by the node", world.machines[iid]])  # fmt: skip
+    world.tick(2)
+    assert "forged by the node" in log.getvalue()  # it was logged: linked on its own address
+    with world.vast.lock:
+        world.vast._instances[iid].fields["label"] = "x\x1b]0;owned\x07\x1b[2J\nESCALATION #9"
+    gone = world.cuzk.pop(iid)  # relabelled out of the fleet: its agent is not fleetgate's
+    gone.server.shutdown()
+    gone.server.server_close()
+    world.tick(2)
+    lines = log.getvalue().splitlines()
+    assert not [line for line in lines if line.startswith("CRITICAL")]
+    assert "\x1b" not in log.getvalue()
+    shown = ok(fg("--state", str(world.app.journal.path.parent), "status")).stdout
+    assert "owned" in shown  # the label is shown, escaped
+    assert "\x1b" not in shown and "\x07" not in shown
+    assert not [line for line in shown.splitlines() if line.startswith("ESCALATION")]
 
 
 def test_a_nan_price_in_the_listing_fails_no_tick(world: World) -> None:

@@ -36,7 +36,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,7 @@ from controller.store.backend import JournalError
 from controller.store.retention import Pruner
 from controller.tools.replay import command as simulate_command
 from escalation import approvals
+from escalation.situation import escape_controls
 
 log = logging.getLogger("fleetgate")
 
@@ -317,6 +318,44 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc, default=str)
 
 
+class _Shown:
+    """A log call's argument as text that moves no cursor and starts no line (see EscapedArgs);
+    its repr as repr gives it."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __str__(self) -> str:
+        return escape_controls(str(self.value))
+
+    def __repr__(self) -> str:
+        return escape_controls(repr(self.value))
+
+
+class EscapedArgs(logging.Filter):
+    """The text log shows each argument of a log call with its control characters escaped:
+    an argument may be what an instance, a Curio row, vast or the LLM wrote, and a newline in
+    it would start a log line (a journald entry) of its own, an escape sequence would reach
+    the terminal. The message's own text (the code's format string) keeps its newlines.
+    Numbers pass as they are, for `%d` and `%.2f`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, Mapping):
+            record.args = {k: _escaped(v) for k, v in args.items()}
+        elif args:
+            record.args = tuple(_escaped(a) for a in args)
+        elif not isinstance(record.msg, str):
+            record.msg = _Shown(record.msg)
+        return True
+
+
+def _escaped(value: Any) -> Any:
+    return value if value is None or isinstance(value, int | float) else _Shown(value)
+
+
 def _logging(level: str, fmt: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
@@ -324,6 +363,8 @@ def _logging(level: str, fmt: str) -> None:
         if fmt == "json"
         else logging.Formatter("%(asctime)s %(levelname)-7s %(message)s", "%H:%M:%S")
     )
+    if fmt != "json":  # JSON escapes them itself
+        handler.addFilter(EscapedArgs())
     handler.addFilter(Redactor())
     root = logging.getLogger()
     root.handlers[:] = [handler]
@@ -555,7 +596,8 @@ def _offline(args: argparse.Namespace) -> int:
             if args.json:
                 _emit(esc)
             else:
-                print("\n".join(offline.render_escalation(esc, commands.ts)))
+                for line in offline.render_escalation(esc, commands.ts):
+                    commands.show(line)
         else:
             j.meta.put("paused", cmd == "pause")
             print("paused: decisions are recorded, nothing is acted on" if cmd == "pause"

@@ -28,6 +28,7 @@ from controller.service.tick import Planned
 from controller.store.backend import JournalError
 from escalation import approvals
 from escalation.render import Renderer
+from escalation.situation import escape_controls
 
 log = logging.getLogger(__name__)
 
@@ -153,8 +154,8 @@ def explain(app: App, as_json: bool) -> int:
     print("\nfacts (the fields rules use most; --json has every field):")
     for f in planned.facts:
         keys = EXPLAIN_FIELDS.get(str(f["kind"]), ())
-        shown = " ".join(f"{k}={_as_in_rules(f[k])}" for k in keys if k in f)
-        print(f"  {f['kind']:<8} {f['id']:<18} {shown}")
+        fields = " ".join(f"{k}={_as_in_rules(f[k])}" for k in keys if k in f)
+        show(f"  {f['kind']:<8} {f['id']:<18} {fields}")
     print("\nmatching rules:")
     rules = [m for m in planned.matches if m.rule]
     for m in rules:
@@ -170,14 +171,14 @@ def explain(app: App, as_json: bool) -> int:
         )
     print("\nplan:")
     for d in doc["plan"]:
-        print(
+        show(
             f"  {d['verdict']:<10} {d['action']} {brief(d['params'])} ← {d['proposer']}: {d['why']}"
         )
     if not doc["plan"]:
         print("  (nothing to do)")
     print("\nwould escalate:")
     for e in doc["escalations"]:
-        print(f"  {e['kind']:<16} {e['subject']}: {e['summary']}")
+        show(f"  {e['kind']:<16} {e['subject']}: {e['summary']}")
     if not doc["escalations"]:
         print("  (nothing)")
     return 0
@@ -185,7 +186,7 @@ def explain(app: App, as_json: bool) -> int:
 
 def print_actions(rows: list[dict[str, Any]]) -> None:
     for r in rows:
-        print(
+        show(
             f"#{r['id']:<5} {_ts(r['at'])} {r['verdict']:<10} {r['status']:<8} {r['action']:<14} "
             f"{brief(r['params']):<28} ← {r['proposer']}: {r['why']}"
         )
@@ -195,7 +196,7 @@ def print_actions(rows: list[dict[str, Any]]) -> None:
 
 def print_escalations(rows: list[dict[str, Any]]) -> None:
     for e in rows:
-        print(
+        show(
             f"#{e['id']:<4} {_ts(e['created_at'])} {e['status']:<9} {e['kind']:<16} "
             f"{e['subject']}: {e['summary']}"
         )
@@ -251,7 +252,15 @@ def _scalar(raw: str) -> Any:
 
 def print_status(st: dict[str, Any]) -> None:
     for line in status_lines(st):
-        print(line)
+        show(line)
+
+
+def show(line: str) -> None:
+    """Print one line of a text view. Its values come from the journal, and some from voices
+    fleetgate does not trust (vast labels, Curio rows, agents, the LLM): control characters
+    are shown escaped, so none moves the cursor, sets the terminal's title or starts a line
+    that looks like another."""
+    print(escape_controls(line))
 
 
 def tick_once(app: App) -> int:
