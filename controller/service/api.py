@@ -14,7 +14,9 @@ escalation, one choice, until its deadline; no action, parameters or overrides):
 message buttons (ntfy) hold, so the API token itself is never put in a message; the answer
 route alone also answers a browser's CORS preflight (the ntfy web app's buttons). An answer is
 the same as `fleetgate escalations approve|deny`: it is validated, journaled, and the action
-runs through the guards on the next tick. Served by uvicorn in a background thread.
+runs through the guards on the next tick. Served by uvicorn in a background thread, its
+connections bounded in number and in the time a request may take to arrive
+(`controller.service.connections`).
 
 `create_app` includes the routers it is given (the instance API), then `status_router`
 (health, readiness, status) and `escalations_router`, both behind the checks of `Auth`, and
@@ -51,6 +53,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from controller.service.api_guard import Guard, Refusal, bad_id, bearer
+from controller.service.connections import BACKLOG, BoundedH11
 from controller.service.dashboard import View, dashboard_router
 from controller.service.metrics import metrics_router
 from controller.service.status import last_finished_tick, readiness
@@ -403,7 +406,7 @@ def listening_socket(host: str, port: int, key: str = "api.listen") -> socket.so
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(address)
-            sock.listen(2048)  # uvicorn's backlog
+            sock.listen(BACKLOG)
         except OSError:
             sock.close()
             raise
@@ -421,9 +424,8 @@ class Server:
     """uvicorn in a daemon thread; `stop()` shuts it down."""
 
     def __init__(self, app: FastAPI, host: str, port: int, key: str = "api.listen") -> None:
-        config = uvicorn.Config(
-            app, host=host, port=port, log_level="warning", access_log=False, lifespan="off"
-        )
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                                lifespan="off", http=BoundedH11, backlog=BACKLOG)  # fmt: skip
         self._server = uvicorn.Server(config)  # in a thread it installs no signal handlers
         self._address = (host, port, key)
         self._thread: threading.Thread | None = None
