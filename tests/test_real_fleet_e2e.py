@@ -367,7 +367,9 @@ def test_an_instance_relabelled_out_of_the_fleet_is_left_alone(world: World) -> 
     assert str(iid) in {i.id for i in world.app.controller.provider.foreign}
 
 
-def test_an_instance_that_relabels_itself_out_of_the_fleet_holds_nothing(world: World) -> None:
+def test_an_instance_that_relabels_itself_out_of_the_fleet_holds_nothing(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
     """The only instance of the fleet is relabelled (by a person, or by anything holding a
     key to it, the instance itself among them if its container has one): it was counted as
     vanished from the listing, the provider sensor failed on every tick after, and no launch
@@ -381,7 +383,13 @@ def test_an_instance_that_relabels_itself_out_of_the_fleet_holds_nothing(world: 
     gone = world.cuzk.pop(iid)  # its agent stops here: it is no longer fleetgate's
     gone.server.shutdown()
     gone.server.server_close()
-    world.tick(2)
+    with caplog.at_level(logging.WARNING, logger="controller.service.gather"):
+        world.tick(2)
+    # it still bills: the operator hears of it once, the tick it left
+    left = [r.getMessage() for r in caplog.records if "left the fleet" in r.getMessage()]
+    assert left == [f"instance {iid} left the fleet: vast lists it with the label 'mine-now', "
+                    "not its launch's; it is left alone and still bills until someone "
+                    "destroys it"], left  # fmt: skip
     world.db.post("PoRep", 4)
     world.tick(3)
     last = world.app.journal.meta.ticks(1)[0]["summary"]

@@ -178,7 +178,13 @@ def sense(provider: Sensed, demand: DemandSensor, now: float,
     if confirm is None or not obs.sensor_ok("provider"):
         return obs
     # one listed as not fleetgate's (relabelled: by a person, or by whatever holds a key to
-    # it) did not vanish: it left the fleet, and is gone from it
+    # it) did not vanish: it left the fleet, and is gone from it; it still bills, so say so
+    relabelled = set(tracked) & {i.id for i in foreign}
+    for f in foreign:
+        if f.id in relabelled:
+            log.warning("instance %s left the fleet: vast lists it with the label %r, not its "
+                        "launch's; it is left alone and still bills until someone destroys "
+                        "it", f.id, f.label)  # fmt: skip
     listed = {i.id for i in instances} | {i.id for i in foreign}
     missing = sorted(set(tracked) - listed - set(destroyed), key=_numeric)
     if not missing:
