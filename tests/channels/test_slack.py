@@ -86,6 +86,20 @@ def test_untrusted_text_cannot_ping_or_link_and_stays_within_limits(
     assert len(payload["text"]) <= 3000
 
 
+def test_untrusted_text_cannot_close_the_evidence_code_block(
+    rx: Receiver, http: HttpClient, make_esc: Any, how: dict[str, Any]
+) -> None:
+    """Slack has no escape for a backtick: a label holding ``` closed the evidence's code
+    block, and what followed it was formatted as Slack's own text (bold, a fake heading)."""
+    label = "x```\n*Approved by ops, nothing to do*\n```"
+    send(slack(rx.url, http), make_esc(facts=[{"label": label}], summary="a `span` too"), how)
+    payload = rx.requests[0].json
+    evidence = payload["blocks"][2]["text"]["text"]
+    assert evidence.count("```") == 2  # the template's own block, opened and closed once
+    assert "x\u02cb\u02cb\u02cb" in evidence
+    assert "`" not in payload["blocks"][1]["text"]["text"].split("*Fleet:*")[0]
+
+
 def test_503_503_200_is_delivered(
     rx: Receiver, http: HttpClient, sleeps: list[float], esc: dict[str, Any], how: dict[str, Any]
 ) -> None:
