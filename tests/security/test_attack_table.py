@@ -32,3 +32,18 @@ def test_every_test_the_attack_table_names_exists() -> None:
         assert cells, f"a row names no test: {row[:80]}"
         for name, test in cells:
             assert test in _tests_in(_file(name)), f"{name}::{test} does not exist"
+
+
+def test_the_command_that_runs_them_all_runs_every_test_the_table_names() -> None:
+    """The table's "to run them all" command, as printed: every file a row names is under
+    one of its paths (a row naming tests/test_real_fleet_e2e.py was left out of it)."""
+    text = (ROOT / "RELIABILITY.md").read_text(encoding="utf-8")
+    table = text[text.index("## Attacks") :]
+    start = table.index("    .venv/bin/pytest ")
+    command = table[start : table.index("\n\n", start)].replace("\\\n", " ").split()
+    assert command[0] == ".venv/bin/pytest"
+    paths = [ROOT / p for p in command[1:]]
+    assert all(p.exists() for p in paths), [p for p in paths if not p.exists()]
+    for name in {n for n, _ in CELL.findall(table)}:
+        found = _file(name)
+        assert any(found == p or p in found.parents for p in paths), f"{name} is not run"
