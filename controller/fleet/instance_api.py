@@ -116,12 +116,20 @@ Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 
 
 class _CappedRoute(APIRoute):
-    """Refuses a body over MAX_BODY_BYTES before FastAPI reads it whole (uvicorn has no cap)."""
+    """Refuses a caller `first` refuses (a token that is nobody's) before reading a byte of
+    its body, and a body over MAX_BODY_BYTES before FastAPI reads it whole (uvicorn has no
+    cap)."""
+
+    first: Callable[[Request], Response | None] = staticmethod(lambda request: None)
 
     def get_route_handler(self) -> Handler:
         handler = super().get_route_handler()
+        first = type(self).first
 
         async def capped(request: Request) -> Response:
+            refused = first(request)
+            if refused is not None:
+                return refused
             length = request.headers.get("content-length", "")
             if length and (not is_digits(length) or int(length) > MAX_BODY_BYTES):
                 return _too_large()
@@ -341,18 +349,35 @@ def instance_router(
         assert clock is not None, "a LifecycleStore needs the clock"
         service = InstanceService(store, clock, shared_token=shared_token)
 
-    def bearer(authorization: str = Header(default="")) -> str:
-        """The caller's token; 401 at once when it is nobody's (before the body is read)."""
+    def known(authorization: str) -> str | None:
+        """The bearer token of an `Authorization` header when it is somebody's."""
         scheme, _, given = authorization.partition(" ")
         token = given.strip() if scheme.lower() == "bearer" else ""
-        if not token or service.identify(token) is None:
+        return token if token and service.identify(token) is not None else None
+
+    def nobody(request: Request) -> Response | None:
+        """401 for a token that is nobody's, before a byte of the body is read (and the
+        connection closed, not drained): an unauthenticated caller holds no buffer of up to
+        MAX_BODY_BYTES open."""
+        if known(request.headers.get("authorization", "")) is not None:
+            return None
+        service.refused[401] += 1
+        return JSONResponse({"detail": "a valid instance bearer token is required"},
+                            status_code=401, headers={"WWW-Authenticate": "Bearer",
+                                                      "Connection": "close"})  # fmt: skip
+
+    def bearer(authorization: str = Header(default="")) -> str:
+        """The caller's token (`nobody` has refused one that is nobody's)."""
+        token = known(authorization)
+        if token is None:  # (its token was revoked between the two looks)
             service.refused[401] += 1
             raise HTTPException(401, "a valid instance bearer token is required",
                                 headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
         return token
 
     authenticated = Depends(bearer)
-    router = APIRouter(prefix="/v1/instances", route_class=_CappedRoute)
+    route = type("_InstanceRoute", (_CappedRoute,), {"first": staticmethod(nobody)})
+    router = APIRouter(prefix="/v1/instances", route_class=route)
 
     def call(do: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         try:

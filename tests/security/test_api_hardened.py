@@ -199,6 +199,21 @@ def api(tmp_path: Path) -> Iterator[tuple[str, Journal]]:
         yield base, journal
 
 
+def test_an_instance_call_without_a_good_token_is_refused_before_its_body(
+    api: tuple[str, Journal],
+) -> None:
+    """The instance API read a body (up to its 1 MiB cap) before it looked at the token: a
+    caller without one held the request open, and the buffer, for as long as it trickled."""
+    base, _ = api
+    port = int(base.rsplit(":", 1)[1])
+    for token in (None, "nobodys-token-0123456789"):
+        started = time.monotonic()
+        status, _ = upload(port, "/v1/instances/register", MIB - 4096, token=token,
+                           stop_after=1024)  # fmt: skip
+        assert status == 401
+        assert time.monotonic() - started < 5  # at once, not after the request timed out
+
+
 def auth(token: str = TOKEN) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
