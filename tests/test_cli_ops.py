@@ -786,3 +786,40 @@ def test_status_says_what_an_answer_and_the_launches_have_set_in_motion(
     ok(fg("--state", str(state), "tick"))
     lines = ok(fg("--state", str(state), "status")).stdout.splitlines()
     assert not any("approved, carried out" in line for line in lines), lines
+
+
+def test_check_connect_reads_vast_and_curio_once_and_names_what_is_wrong(
+    tmp_path: Path,
+) -> None:
+    """`check` connects to nothing, so a wrong vast key or Curio DSN showed only at the
+    service's first tick. `check --connect` reads vast's listing and Curio's queue once,
+    writing nothing (no journal is made), and says which is wrong and where to look."""
+    from fakes.curio_db import CurioDB
+    from fakes.vast_server import FakeVast
+
+    dsn = os.environ.get("FLEETGATE_TEST_PG_DSN",
+                         "host=127.0.0.1 port=5432 dbname=test user=postgres")  # fmt: skip
+    with FakeVast() as vast, CurioDB(dsn) as curio:
+        vast.add_instance(label="someone-elses")
+        curio.post("PoRep", 3)
+        cfg = config(tmp_path, f"provider: vast\ndemand: curio\n"
+                     f"vast: {{base_url: '{vast.url}', api_key: {{env: FG_TEST_VAST_KEY}}, "
+                     f"image: 'img'}}\n"
+                     f"curio: {{dsn: {{env: FG_TEST_CURIO_DSN}}, schema_name: {curio.schema}}}\n"
+                     "api: {listen: '127.0.0.1:0', token: {env: FG_TEST_API_TOKEN}}\n"
+                     "instances: {}\nescalation: {channels: [file]}\n")  # fmt: skip
+        state = tmp_path / "state"
+        good = {"FG_TEST_VAST_KEY": vast.api_key, "FG_TEST_CURIO_DSN": dsn,
+                "FG_TEST_API_TOKEN": "check-connect-token-0123"}  # fmt: skip
+        out = ok(fg("--config", str(cfg), "--state", str(state), "check", "--connect", env=good))
+        assert "ok: vast answered: 1 instance(s) on the account" in out.stdout, out.stdout
+        assert f"ok: Curio answered: 3 task(s) pending in schema '{curio.schema}'" in out.stdout
+        wrong_key = {**good, "FG_TEST_VAST_KEY": "not-the-key-0123456789"}
+        out = fg("--config", str(cfg), "--state", str(state), "check", "--connect", env=wrong_key)
+        assert out.returncode == 1 and "failed: vast: " in out.stderr
+        assert "check vast.api_key" in out.stderr and "not-the-key" not in out.stderr
+        wrong_dsn = {**good, "FG_TEST_CURIO_DSN": "host=127.0.0.1 port=1 dbname=test"}
+        out = fg("--config", str(cfg), "--state", str(state), "check", "--connect", env=wrong_dsn)
+        assert out.returncode == 1 and "failed: Curio: cannot connect" in out.stderr
+        assert "check curio.dsn" in out.stderr
+        assert "Traceback" not in out.stderr and not state.exists()  # nothing written

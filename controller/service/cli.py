@@ -189,6 +189,9 @@ def _add_loop_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     sub.add_parser("tick", help="run exactly one tick and exit")
     check = sub.add_parser("check", help="validate rules files and the config")
     check.add_argument("paths", nargs="*", help="rules files or folders (default: the config's)")
+    check.add_argument("--connect", action="store_true",
+                       help="also read vast's listing and Curio's queue once (writes nothing): "
+                            "a wrong key or DSN shows here, not at the first tick")  # fmt: skip
     explain = sub.add_parser("explain", help="show what a tick would do; changes nothing")
     explain.add_argument("--json", action="store_true")
     tr = sub.add_parser("test-rules", help="run rule unit tests")

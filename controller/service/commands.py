@@ -66,9 +66,48 @@ def check(args: argparse.Namespace, config: Config) -> int:
               f"provider {config.provider}, demand {config.demand}, "
               f"{len(escalator.notifier.channels)} channel(s), "
               f"{f'LLM {llm.model!r}' if llm else 'no LLM'}")  # fmt: skip
+        if getattr(args, "connect", False):
+            failed = 0
+            for line, bad in reach(app):
+                failed += bad
+                out = sys.stderr if bad else sys.stdout
+                print(f"{'failed' if bad else 'ok'}: {line}", file=out)
+            if llm is not None:
+                print("LLM: not asked here (`fleetgate llm-check` asks it)")
+            return 1 if failed else 0
     finally:
         app.close()
     return 0
+
+
+def reach(app: App) -> list[tuple[str, bool]]:
+    """`check --connect`: one read of vast's listing and one of Curio's queue, as the
+    controller's first tick makes them (nothing written, nothing rented); (line, failed)."""
+    from controller.fleet.base import ProviderError, SensorError
+
+    out: list[tuple[str, bool]] = []
+    vast = getattr(app.controller.provider, "vast", None)
+    if vast is None or app.config.provider == "sim":
+        out.append(("provider: the built-in simulator, nothing to reach", False))
+    else:
+        try:
+            listed = vast.list_instances(expect_nonempty=False)
+            out.append((f"vast answered: {len(listed)} instance(s) on the account", False))
+        except (SensorError, ProviderError) as exc:
+            out.append((f"vast: {exc}", True))
+    settings = getattr(app.controller.demand, "settings", None)
+    if settings is None or not hasattr(settings, "dsn") or app.config.demand == "sim":
+        out.append(("demand: the built-in simulator, nothing to reach", False))
+    else:
+        try:
+            queue = app.controller.demand.demand()
+            total = next((d for d in queue if d.task == "all"), None)
+            pending = total.pending if total is not None else 0
+            out.append((f"Curio answered: {pending} task(s) pending in schema "
+                        f"{settings.schema_name!r}", False))  # fmt: skip
+        except SensorError as exc:
+            out.append((f"Curio: {exc}", True))
+    return out
 
 
 def test_rules(paths: Sequence[str]) -> int:
