@@ -713,6 +713,19 @@ def test_a_second_run_on_the_same_config_is_one_line_naming_the_port(tmp_path: P
         first.wait(timeout=60)
 
 
+def real_fleet(tmp: Path, vast: Any, curio: Any, dsn: str) -> tuple[Path, dict[str, str]]:
+    """A config of a real fleet on the fake vast and Curio's tables, and the environment that
+    holds its secrets."""
+    cfg = config(tmp, f"provider: vast\ndemand: curio\n"
+                 f"vast: {{base_url: '{vast.url}', api_key: {{env: FG_TEST_VAST_KEY}}, "
+                 f"image: 'img'}}\n"
+                 f"curio: {{dsn: {{env: FG_TEST_CURIO_DSN}}, schema_name: {curio.schema}}}\n"
+                 "api: {listen: '127.0.0.1:0', token: {env: FG_TEST_API_TOKEN}}\n"
+                 "instances: {}\nescalation: {channels: [file]}\n")  # fmt: skip
+    return cfg, {"FG_TEST_VAST_KEY": vast.api_key, "FG_TEST_CURIO_DSN": dsn,
+                 "FG_TEST_API_TOKEN": "real-fleet-token-0123"}  # fmt: skip
+
+
 def test_a_real_fleets_first_tick_says_it_made_a_new_journal(tmp_path: Path) -> None:
     """`fleetgate --config /etc/fleetgate/config.yaml tick` without the --state the service
     uses makes a journal of its own in ./.fleetgate, to which the whole account is foreign:
@@ -724,14 +737,7 @@ def test_a_real_fleets_first_tick_says_it_made_a_new_journal(tmp_path: Path) -> 
                          "host=127.0.0.1 port=5432 dbname=test user=postgres")  # fmt: skip
     with FakeVast(offers=[offer(101)]) as vast, CurioDB(dsn) as curio:
         vast.add_instance(label="fg-1-1-0-abcdef")  # another journal's instance
-        cfg = config(tmp_path, f"provider: vast\ndemand: curio\n"
-                     f"vast: {{base_url: '{vast.url}', api_key: {{env: FG_TEST_VAST_KEY}}, "
-                     f"image: 'img'}}\n"
-                     f"curio: {{dsn: {{env: FG_TEST_CURIO_DSN}}, schema_name: {curio.schema}}}\n"
-                     "api: {listen: '127.0.0.1:0', token: {env: FG_TEST_API_TOKEN}}\n"
-                     "instances: {}\nescalation: {channels: [file]}\n")  # fmt: skip
-        env = {"FG_TEST_VAST_KEY": vast.api_key, "FG_TEST_CURIO_DSN": dsn,
-               "FG_TEST_API_TOKEN": "new-journal-token-0123"}  # fmt: skip
+        cfg, env = real_fleet(tmp_path, vast, curio, dsn)
         workdir = tmp_path / "elsewhere"
         workdir.mkdir()
         first = ok(fg("--config", str(cfg), "--log-level", "WARNING", "tick", cwd=workdir,
@@ -802,15 +808,8 @@ def test_check_connect_reads_vast_and_curio_once_and_names_what_is_wrong(
     with FakeVast() as vast, CurioDB(dsn) as curio:
         vast.add_instance(label="someone-elses")
         curio.post("PoRep", 3)
-        cfg = config(tmp_path, f"provider: vast\ndemand: curio\n"
-                     f"vast: {{base_url: '{vast.url}', api_key: {{env: FG_TEST_VAST_KEY}}, "
-                     f"image: 'img'}}\n"
-                     f"curio: {{dsn: {{env: FG_TEST_CURIO_DSN}}, schema_name: {curio.schema}}}\n"
-                     "api: {listen: '127.0.0.1:0', token: {env: FG_TEST_API_TOKEN}}\n"
-                     "instances: {}\nescalation: {channels: [file]}\n")  # fmt: skip
+        cfg, good = real_fleet(tmp_path, vast, curio, dsn)
         state = tmp_path / "state"
-        good = {"FG_TEST_VAST_KEY": vast.api_key, "FG_TEST_CURIO_DSN": dsn,
-                "FG_TEST_API_TOKEN": "check-connect-token-0123"}  # fmt: skip
         out = ok(fg("--config", str(cfg), "--state", str(state), "check", "--connect", env=good))
         assert "ok: vast answered: 1 instance(s) on the account" in out.stdout, out.stdout
         assert f"ok: Curio answered: 3 task(s) pending in schema '{curio.schema}'" in out.stdout
