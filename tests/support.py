@@ -252,6 +252,43 @@ def app_on_rules_copy(tmp_path: Path) -> tuple[Any, Path]:
     return app, rules
 
 
+class SimApps:
+    """Controllers on the simulator (seed 7, real clock) for one test, state in `where`:
+    `make(config)` assembles one, on rules that leave frozen instances to people unless the
+    config names rules of its own; `close()` closes every one made."""
+
+    def __init__(self, where: Path) -> None:
+        self.where = where
+        self.made: list[Any] = []
+
+    def make(self, config: Any) -> Any:
+        import time
+
+        from controller.service.assemble import assemble
+
+        if not config.rules:  # frozen instances escalated, not replaced by the shipped rule
+            rules = rules_leaving_frozen_to_people(self.where / "rules")
+            config = config.model_copy(update={"rules": [str(rules)]})
+        app = assemble(config, state=self.where / "state", clock=time.time, sleep=time.sleep,
+                       seed=7)  # fmt: skip
+        self.made.append(app)
+        return app
+
+    def close(self) -> None:
+        for app in self.made:
+            app.close()
+
+
+def first_escalation(app: Any, kind: str, ticks: int = 500) -> dict[str, Any]:
+    """Tick `app` until it has raised an escalation of `kind`: the first one."""
+    for _ in range(ticks):
+        app.controller.tick()
+        found = [e for e in app.journal.escalations.recent() if e["kind"] == kind]
+        if found:
+            return found[0]
+    raise AssertionError(f"no {kind} escalation in {ticks} ticks")
+
+
 @dataclass(frozen=True)
 class Claim:
     """What an instance's agent record says about it (its own word, as the fleet reads it)."""

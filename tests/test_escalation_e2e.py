@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fakes.openai_server import FakeOpenAI, RawBody, closed_port_url
-from support import rules_leaving_frozen_to_people
+from support import SimApps
 from test_cli_ops import fg, ok
 
 from controller.service.app import App
-from controller.service.assemble import assemble
 from controller.service.config import Config, parse_config
 
 KEY = "sk-test-llm-key-0123456789"
@@ -38,19 +36,9 @@ def llm_key(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def app_factory(tmp_path: Path) -> Iterator[Any]:
-    apps: list[App] = []
-
-    def make(cfg: Config) -> App:
-        if not cfg.rules:  # frozen instances escalated, not replaced by the shipped rule
-            rules = rules_leaving_frozen_to_people(tmp_path / "rules")
-            cfg = cfg.model_copy(update={"rules": [str(rules)]})
-        app = assemble(cfg, state=tmp_path / "state", clock=time.time, sleep=time.sleep, seed=7)
-        apps.append(app)
-        return app
-
-    yield make
-    for app in apps:
-        app.close()
+    apps = SimApps(tmp_path)
+    yield apps.make
+    apps.close()
 
 
 def ticks_until(app: App, done: Any, limit: int = 500) -> int:

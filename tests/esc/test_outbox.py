@@ -22,7 +22,7 @@ from aiosmtpd.controller import Controller as SMTPServer
 from aiosmtpd.smtp import SMTP, Envelope, Session
 from fakes.openai_server import FakeOpenAI
 from fakes.silent import Silent
-from support import ASK_ABOUT_THE_FLEET, NO_FAULTS_YAML
+from support import ASK_ABOUT_THE_FLEET, NO_FAULTS_YAML, first_escalation
 
 from controller.service.app import App
 from controller.service.assemble import assemble
@@ -73,12 +73,7 @@ def wait_for(done: Callable[[], Any], within_s: float = 30.0) -> None:
 
 def raised(app: App) -> dict[str, Any]:
     """Tick until the fleet question is raised; its escalation."""
-    for _ in range(20):
-        app.controller.tick()
-        rows = [e for e in app.journal.escalations.recent() if e["kind"] == "requested"]
-        if rows:
-            return rows[0]
-    raise AssertionError("no escalation raised")
+    return first_escalation(app, "requested", ticks=20)
 
 
 def filed(app: App) -> str:

@@ -4,17 +4,15 @@ the call is journaled."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from fakes.openai_server import FakeOpenAI, RawBody, ToolCall
-from support import rules_leaving_frozen_to_people
+from support import SimApps, first_escalation
 
 from controller.service.app import App
-from controller.service.assemble import assemble
 from controller.service.config import parse_config
 
 DEEP = "[" * 50_000 + "]" * 50_000  # 100 kB, far under the reply cap, far over any parser's depth
@@ -23,34 +21,19 @@ DEEP = "[" * 50_000 + "]" * 50_000  # 100 kB, far under the reply cap, far over 
 @pytest.fixture
 def app_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.setenv("FG_TEST_LLM_KEY", "sk-test-hostile")
-    apps: list[App] = []
+    apps = SimApps(tmp_path)
 
     def make(url: str) -> App:
-        rules = rules_leaving_frozen_to_people(tmp_path / "rules")
-        cfg = parse_config("test.yaml", (
+        return cast(App, apps.make(parse_config("test.yaml", (
             "interval_s: 0.01\n"
-            f"rules: ['{rules}']\n"
             "escalation:\n"
             f"  llm: {{base_url: '{url}', model: fake-model, api_key: {{env: FG_TEST_LLM_KEY}},\n"
             "        retries: 0, timeout_s: 5, require_check: false}\n"
             "  deadline_s: 864000\n"
-        ))  # fmt: skip
-        app = assemble(cfg, state=tmp_path / "state", clock=time.time, sleep=time.sleep, seed=7)
-        apps.append(app)
-        return app
+        ))))  # fmt: skip
 
     yield make
-    for app in apps:
-        app.close()
-
-
-def _first_unmatched(app: App) -> dict[str, Any]:
-    for _ in range(500):
-        app.controller.tick()
-        found = [e for e in app.journal.escalations.recent() if e["kind"] == "unmatched"]
-        if found:
-            return found[0]
-    raise AssertionError("no unmatched escalation in 500 ticks")
+    apps.close()
 
 
 @pytest.mark.parametrize("reply", [
@@ -64,7 +47,7 @@ def test_an_answer_nested_past_the_parsers_depth_goes_to_people_at_once(
 ) -> None:
     with FakeOpenAI(*([reply] * 50)) as fake:
         app = app_for(fake.url)
-        esc = _first_unmatched(app)
+        esc = first_escalation(app, "unmatched")
         for _ in range(3):  # the worker runs inline after each tick
             app.controller.tick()
         [call] = app.journal.llm.llm_calls(esc["id"])
