@@ -77,6 +77,46 @@ __all__ = ["VERSION", "Unreachable", "main", "parse_status", "parser", "run", "w
 log = logging.getLogger("fleetgate-agent")
 
 
+# Each command: (what --help lists it as, its description, its own arguments as
+# (names, add_argument's keywords)). (The annotation is never evaluated: an image's older
+# python3 runs this file too.)
+COMMANDS: dict[str, tuple[str, str, tuple[tuple[tuple[str, ...], dict[str, object]], ...]]] = {
+    "register": (
+        "announce this instance once, at boot",
+        "Announce this instance to the controller (at boot).",
+        ((("--min-rate",), {"type": float, "metavar": "R", "help":
+          "proofs/hour this instance's benchmark must reach (recorded with it)"}),
+         (("--vast-id",), {"metavar": "N", "help":
+          "this instance's vast id (default: from VAST_CONTAINERLABEL, C.<id>)"}),
+         (("--host-and-port",), {"metavar": "H:P", "help":
+          "the address this instance's Curio node announces (host:port), when not the "
+          "instance's public one: believed on curio.node_networks"})),
+    ),
+    "stage": (
+        "report a boot stage reached",
+        "Report a boot stage this instance reached.",
+        ((("stage",), {"choices": ("params-done", "bench-done", "running"), "help":
+          "proof parameters fetched, benchmark done (with --rate), serving"}),
+         (("--rate",), {"type": float, "help": "benchmark proofs/hour (bench-done)"})),
+    ),
+    "heartbeat-loop": (
+        "report the daemon and run the controller's commands",
+        "Report the daemon's state and uptime, and run the commands the controller queued "
+        "(a daemon restart).",
+        ((("--interval",), {"type": float, "default": 30.0, "metavar": "S",
+                            "help": "seconds between heartbeats (default 30)"}),),
+    ),
+    "push-logs": (
+        "send a log file's new lines",
+        "Send the new lines of a log file to the controller.",
+        ((("file",), {"help": "the log file to follow"}),
+         (("--interval",), {"type": float, "default": 5.0, "metavar": "S",
+                            "help": "seconds between pushes (default 5)"}),
+         (("--state",), {"help": "file keeping the offset across restarts"})),
+    ),
+}  # fmt: skip
+
+
 def parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--supervisorctl", default="supervisorctl", help="command line to run")
@@ -86,70 +126,10 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--once", action="store_true", help="one attempt, one pass")
     p = argparse.ArgumentParser(prog="fleetgate-agent", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    reg = sub.add_parser(
-        "register",
-        parents=[common],
-        help="announce this instance once, at boot",
-        description="Announce this instance to the controller (at boot).",
-    )
-    reg.add_argument(
-        "--min-rate",
-        type=float,
-        metavar="R",
-        help="proofs/hour this instance's benchmark must reach (recorded with it)",
-    )
-    reg.add_argument(
-        "--vast-id",
-        metavar="N",
-        help="this instance's vast id (default: from VAST_CONTAINERLABEL, C.<id>)",
-    )
-    reg.add_argument(
-        "--host-and-port",
-        metavar="H:P",
-        help="the address this instance's Curio node announces (host:port), when "
-        "not the instance's public one: believed on curio.node_networks",
-    )
-    stage = sub.add_parser(
-        "stage",
-        parents=[common],
-        help="report a boot stage reached",
-        description="Report a boot stage this instance reached.",
-    )
-    stage.add_argument(
-        "stage",
-        choices=("params-done", "bench-done", "running"),
-        help="proof parameters fetched, benchmark done (with --rate), serving",
-    )
-    stage.add_argument("--rate", type=float, help="benchmark proofs/hour (bench-done)")
-    hb = sub.add_parser(
-        "heartbeat-loop",
-        parents=[common],
-        help="report the daemon and run the controller's commands",
-        description="Report the daemon's state and uptime, and run the "
-        "commands the controller queued (a daemon restart).",
-    )
-    hb.add_argument(
-        "--interval",
-        type=float,
-        default=30.0,
-        metavar="S",
-        help="seconds between heartbeats (default 30)",
-    )
-    logs = sub.add_parser(
-        "push-logs",
-        parents=[common],
-        help="send a log file's new lines",
-        description="Send the new lines of a log file to the controller.",
-    )
-    logs.add_argument("file", help="the log file to follow")
-    logs.add_argument(
-        "--interval",
-        type=float,
-        default=5.0,
-        metavar="S",
-        help="seconds between pushes (default 5)",
-    )
-    logs.add_argument("--state", help="file keeping the offset across restarts")
+    for name, (listed, described, arguments) in COMMANDS.items():
+        command = sub.add_parser(name, parents=[common], help=listed, description=described)
+        for names, keywords in arguments:
+            command.add_argument(*names, **keywords)  # type: ignore[arg-type]
     return p
 
 
