@@ -25,6 +25,7 @@ class Rec:
 class Check:
     up: bool
     uptime_s: float | None = None
+    started_at: float | None = None
 
 
 @dataclass

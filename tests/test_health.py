@@ -128,6 +128,26 @@ def test_a_daemon_that_answers_is_up_with_its_uptime(
     assert check_daemon("127.0.0.1", port_of(cuzk), 2.0, session) == DaemonHealth(True, 5025.0, "")
 
 
+def test_an_answer_is_timed_as_the_probe_went_out_and_dates_the_daemons_start(
+    cuzk: FakeCuzk, session: requests.Session
+) -> None:
+    """The start is the probe's time less the uptime: asked at 1,000,000 (the clock is read
+    once, as the request goes out, however long the answer takes), up 5,025 s."""
+    cuzk.delay_s = 0.3
+    reads: list[float] = []
+
+    def clock() -> float:
+        reads.append(1_000_000.0 + len(reads))
+        return reads[-1]
+
+    health = check_daemon("127.0.0.1", port_of(cuzk), 2.0, session, clock)
+    assert (health.at, health.started_at, reads) == (1_000_000.0, 994_975.0, [1_000_000.0])
+    many = check_many({"a": ("127.0.0.1", port_of(cuzk))}, 2.0, clock=lambda: 2_000_000.0)
+    assert many["a"].started_at == 1_994_975.0
+    assert DaemonHealth(True, 5.0, "", at=None).started_at is None
+    assert DaemonHealth(True, None, "no uptime", at=10.0).started_at is None
+
+
 def test_connection_refused_is_down_with_the_reason(session: requests.Session) -> None:
     port = dead_port()
     health = check_daemon("127.0.0.1", port, 2.0, session)

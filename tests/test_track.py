@@ -66,6 +66,73 @@ def test_death_restart_and_a_restart_hidden_between_ticks() -> None:
     assert next(x for x in later if x["kind"] == "instance")["restarts_1h"] == 0
 
 
+def up(now: float, uptime: float, late_s: float = 0.0) -> Instance:
+    """The daemon as probed at `now` (the answer's estimate of its start `late_s` late)."""
+    return inst(daemon_uptime_s=uptime, daemon_started_at=now - uptime + late_s)
+
+
+def test_a_restart_whose_uptime_grew_past_the_last_answers_is_counted() -> None:
+    """Up 30 s at the probe at 0, restarted at 20, up 40 s at the probe at 60: the uptime went
+    up, and only the start it dates shows the restart."""
+    h, _ = step(History(), 0, up(0, 30))
+    h, ev = step(h, 60, up(60, 40))
+    assert kinds(ev) == ["death", "restart"]
+    assert ev[1].detail == {"uptime_before": 30.0, "uptime_now": 40.0, "started_later_s": 50.0}
+    h, ev = step(h, 120, up(120, 100))
+    assert ev == [] and h.instances["1"].started == 20.0
+    facts = build_facts(Observation(120, (up(120, 100),), (), OK), h, 120)
+    assert next(f for f in facts if f["kind"] == "instance")["restarts_1h"] == 1
+
+
+def test_estimates_of_one_start_that_disagree_by_seconds_are_one_start() -> None:
+    """Whole-second uptimes, a probe whose request took 3 s to arrive (its estimate early),
+    clocks that drift apart: no restart; the latest estimate is kept, so a drift that pulls
+    the estimates early is followed once it passes the slack, and a real restart still shows."""
+    h, _ = step(History(), 0, up(0, 500))
+    for n, late in enumerate([-0.9, 0.4, -3.0, 0.9, -0.2], start=1):
+        h, ev = step(h, 60 * n, up(60 * n, 500 + 60 * n, late))
+        assert ev == [], late
+    assert h.instances["1"].started == -500 + 0.9
+    for n in range(6, 60):  # the estimate drifts 1 s earlier a tick, then 1 s later a tick
+        drift = -(n - 5) if n < 30 else -25 + (n - 30)
+        h, ev = step(h, 60 * n, up(60 * n, 500 + 60 * n, drift))
+        assert ev == [], n
+    h, ev = step(h, 3600, up(3600, 5))  # restarted 5 s ago
+    assert kinds(ev) == ["death", "restart"]
+
+
+def test_a_restart_behind_a_failed_probe_is_counted() -> None:
+    """A probe that failed while the daemon restarted is a blip (it stays up), and the answer
+    after it, from the new daemon, dates a later start."""
+    d = Debounce(count=2, after_s=60.0)
+    obs = [up(0, 1000), inst(daemon="down", daemon_uptime_s=None), up(120, 30)]
+    hist, seen = History(), []
+    for now, probe_ in zip((0.0, 60.0, 120.0), obs, strict=True):
+        tracks, events = advance(hist, Observation(now, (probe_,), (), OK), now, d)
+        hist, seen = replace(hist, instances=tracks), [*seen, kinds(events)]
+    assert seen == [["seen"], [], ["death", "restart"]]
+
+
+def test_a_daemon_back_from_a_stop_is_started_and_back_from_a_death_restarted() -> None:
+    """Parked and started three times in an hour, a warm instance's daemon restarted nothing
+    (three would refuse its next restart and replace it at its next death, as a crash loop);
+    a daemon that died and came back through a reboot did restart."""
+    h, _ = step(History(), 0, inst())
+    now = 0
+    for _ in range(3):
+        h, ev = step(h, now + 60, inst(status="stopped", daemon="down", daemon_uptime_s=None))
+        h, ev2 = step(h, now + 120, inst(status="loading", daemon="down", daemon_uptime_s=None))
+        h, ev3 = step(h, now + 180, inst(daemon_uptime_s=10.0))
+        assert "death" not in kinds(ev + ev2 + ev3) and "restart" not in kinds(ev + ev2 + ev3)
+        now += 180
+    facts = build_facts(Observation(now, (inst(),), (), OK), h, now)
+    assert next(f for f in facts if f["kind"] == "instance")["restarts_1h"] == 0
+    h, ev = step(h, now + 60, inst(daemon="down", daemon_uptime_s=None))
+    h, ev2 = step(h, now + 120, inst(status="rebooting", daemon="down", daemon_uptime_s=None))
+    h, ev3 = step(h, now + 180, inst(daemon_uptime_s=10.0))
+    assert (kinds(ev), kinds(ev2), kinds(ev3)) == (["death"], ["status"], ["status", "restart"])
+
+
 def test_down_for_and_idle_for() -> None:
     h, _ = step(History(), 0, inst())
     h, _ = step(h, 60, inst(daemon="down", daemon_uptime_s=None, tasks_running=0))

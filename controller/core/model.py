@@ -32,7 +32,11 @@ class Instance:
     tasks_running: int = 0  # Curio tasks this instance's node owns
     drained: bool = False  # Curio unschedulable
     bench_rate: float | None = None  # measured proofs/hour, once benchmarked
-    daemon_uptime_s: float | None = None  # from cuzk /status; going backwards = restart
+    daemon_uptime_s: float | None = None  # from cuzk /status
+    # when the daemon started: its answer's time less its uptime, on the clock that probed it;
+    # one that moved on between two answers restarted (uptime alone hides a restart whose
+    # uptime passed the last answer's)
+    daemon_started_at: float | None = None
     status_msg: str = ""
     start_date: float | None = None
     intended_status: str = ""  # vast's: "running" on a stopped one whose start waits

@@ -56,6 +56,12 @@ class Track(NamedTuple):
     # cuzk's status server answered once (a failed probe not yet counted as down reads as up
     # but is no answer): one that never did may be off, not dead
     answered: bool = False
+    # when the daemon started, on the probing clock (`restarted`): the latest of the estimates
+    # that agree, kept through probes that failed or had no uptime while it counts as up
+    started: float | None = None
+    # the daemon is down since a death (it went down while the instance ran): its coming back
+    # is a restart; down since the instance stopped, it is a start
+    died: bool = False
     uptime: float | None = None  # last: changes every tick, so `t[:-1]` is all that matters
 
 
@@ -69,6 +75,27 @@ class Debounce:
 
 
 NO_DEBOUNCE = Debounce(1, 0.0)
+
+# Two estimates of a daemon's start further apart than this are two starts. An estimate is at
+# most a second late and early by the probe's travel (`DaemonHealth.started_at`); the clocks
+# of the controller and the instance drift apart by a few seconds a day at most.
+RESTART_SLACK_S = 10.0
+
+
+def restarted(old: float | None, new: float | None) -> tuple[bool, float | None]:
+    """(the daemon started again since `old`, the start to remember) from two estimates of
+    its start: one more than `RESTART_SLACK_S` later is a new start, however long its uptime
+    has grown since (a restart between two probes); otherwise the later one is kept (each is
+    at most a second late), unless the clocks drifted the estimate more than the slack early."""
+    if new is None:
+        return False, old
+    if old is None:
+        return False, new
+    if new - old > RESTART_SLACK_S:
+        return True, new
+    if old - new > RESTART_SLACK_S:
+        return False, new
+    return False, max(old, new)
 
 
 def probe(
@@ -245,6 +272,7 @@ def _first(inst: Instance, now: float) -> tuple[Track, list[Event]]:
         stage_since=now, status=inst.status, status_since=now, daemon=inst.daemon,
         daemon_since=now, idle_since=idle, uptime=inst.daemon_uptime_s, bench_rate=inst.bench_rate,
         ever_up=inst.daemon == "up", served_at=now if inst.stage == "running" else None,
+        started=inst.daemon_started_at,
     )  # fmt: skip
     events = [Event(inst.id, now, "seen", {"stage": inst.stage, "status": inst.status})]
     if inst.bench_rate is not None:
@@ -275,7 +303,9 @@ def _step(old: Track, inst: Instance, now: float) -> tuple[Track, list[Event]]:
     if inst.status != old.status:
         events.append(Event(inst.id, now, "status", {"from": old.status, "to": inst.status}))
         status_since = now
-    events += _daemon_events(old, inst, now)
+    evs, started = _daemon_events(old, inst, now)
+    events += evs
+    died = inst.daemon != "up" and (old.died or any(e.kind == "death" for e in evs))
     if inst.daemon != old.daemon:
         daemon_since = now
     idle_since = None
@@ -289,24 +319,39 @@ def _step(old: Track, inst: Instance, now: float) -> tuple[Track, list[Event]]:
     track = Track(old.id, old.machine_id, old.first_seen, inst.stage, stage_since, inst.status,
                   status_since, inst.daemon, daemon_since, idle_since, inst.bench_rate,
                   old.ever_up or inst.daemon == "up", served_at=served,
-                  answered=old.answered, uptime=inst.daemon_uptime_s)  # fmt: skip
+                  answered=old.answered, started=started, died=died,
+                  uptime=inst.daemon_uptime_s)  # fmt: skip
     return track, events
 
 
-def _daemon_events(old: Track, inst: Instance, now: float) -> list[Event]:
-    """Deaths and restarts, including one hidden between two ticks (uptime went backwards)."""
-    if old.daemon == "up" and inst.daemon == "down" and inst.status == "running":
-        return [Event(inst.id, now, "death", {"uptime_before": old.uptime})]
-    if old.daemon != "up" and inst.daemon == "up" and old.ever_up:
-        return [Event(inst.id, now, "restart", {"down_for_s": now - old.daemon_since})]
+def _daemon_events(old: Track, inst: Instance, now: float) -> tuple[list[Event], float | None]:
+    """(deaths and restarts, the daemon's start to remember), including a restart hidden
+    between two probes: its start moved on (`restarted`), or, where no start is known, its
+    uptime went backwards. A tick it was not probed (unknown) changes nothing."""
+    new = inst.daemon_started_at
+    if inst.daemon == "down":
+        died = old.daemon == "up" and inst.status == "running"
+        return ([Event(inst.id, now, "death", {"uptime_before": old.uptime})] if died else []), None
+    if inst.daemon != "up":  # not probed: nothing known of it this tick
+        return [], old.started
+    if old.daemon == "down":
+        # back after a death (it went down while the instance ran): a restart, by whatever
+        # brought it back; back after the instance was stopped (a warm pool's start), a start
+        if old.died:
+            return [Event(inst.id, now, "restart", {"down_for_s": now - old.daemon_since})], new
+        return [], new
+    again, started = restarted(old.started, new)
     went_back = (
-        old.daemon == "up" and inst.daemon == "up" and old.uptime is not None
-        and inst.daemon_uptime_s is not None and inst.daemon_uptime_s < old.uptime
+        old.daemon == "up" and old.uptime is not None and inst.daemon_uptime_s is not None
+        and inst.daemon_uptime_s < old.uptime
     )  # fmt: skip
-    if went_back:
-        detail = {"uptime_before": old.uptime, "uptime_now": inst.daemon_uptime_s}
-        return [Event(inst.id, now, "death", detail), Event(inst.id, now, "restart", detail)]
-    return []
+    if not (again or went_back):
+        return [], started
+    detail: dict[str, Any] = {"uptime_before": old.uptime, "uptime_now": inst.daemon_uptime_s}
+    if again and new is not None and old.started is not None:
+        detail["started_later_s"] = round(new - old.started, 3)
+    restart = [Event(inst.id, now, "death", detail), Event(inst.id, now, "restart", detail)]
+    return restart, (new if new is not None else started)
 
 
 def advance(hist: History, obs: Observation, now: float, debounce: Debounce = NO_DEBOUNCE

@@ -1,9 +1,12 @@
 """Is the cuzk daemon on an instance alive? Ask its status server directly.
 
 cuzk's optional HTTP status server (DOMAIN.md, "cuzk") answers `GET /status` with JSON holding
-`uptime_secs`. A daemon that answers is up; one whose uptime went backwards restarted (the
-caller compares uptimes across ticks). The instance's public address is vast's `public_ipaddr`
-and the public port is found in its `ports` mapping (`mapped_port`).
+`uptime_secs`. A daemon that answers is up; its start is the probe's time (`at`, when the
+request went out, on the wall clock: the uptime is the daemon's real seconds, whatever clock
+paces the controller) less its uptime, and one whose start moved on restarted (the caller
+compares starts across ticks: a restart between two probes, whose uptime had grown past the
+last one's by the second, shows only so). The instance's public address is vast's
+`public_ipaddr` and the public port is found in its `ports` mapping (`mapped_port`).
 
 Any failure is "down" with the reason in words: refused, timed out, an HTTP error status, a body
 that is not a JSON object. A short timeout keeps one dead host from holding up a tick, and
@@ -17,9 +20,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import requests
@@ -77,6 +81,19 @@ class DaemonHealth:
     up: bool
     uptime_s: float | None
     detail: str  # why it is down, or "" when up with an uptime
+    # when the request went out, on the clock that probed (not compared: the same answer is
+    # equal whenever it came)
+    at: float | None = field(default=None, compare=False)
+
+    @property
+    def started_at(self) -> float | None:
+        """When the daemon started, on the probing clock: the probe's time less its uptime.
+
+        Never more than a second late (the uptime is whole seconds, counted after the request
+        left), early by however long the request took to arrive."""
+        if self.at is None or self.uptime_s is None:
+            return None
+        return self.at - self.uptime_s
 
 
 def mapped_port(ports: Mapping[str, Any] | None, internal: int = STATUS_PORT) -> int | None:
@@ -107,9 +124,17 @@ def status_target(
     return (host, port) if host and port else None
 
 
-def check_daemon(host: str, port: int, timeout_s: float, session: requests.Session) -> DaemonHealth:
-    """One `GET /status`: up with cuzk's uptime, or down with the reason."""
+def check_daemon(
+    host: str,
+    port: int,
+    timeout_s: float,
+    session: requests.Session,
+    clock: Callable[[], float] = time.time,
+) -> DaemonHealth:
+    """One `GET /status`: up with cuzk's uptime and when it was asked (`clock`, read as the
+    request goes out), or down with the reason."""
     netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    asked = clock()
     try:
         with session.get(
             f"http://{netloc}/status", timeout=timeout_s, stream=True, allow_redirects=False
@@ -123,10 +148,10 @@ def check_daemon(host: str, port: int, timeout_s: float, session: requests.Sessi
         return DaemonHealth(False, None, f"cannot connect to {netloc}: {_reason(exc)}")
     except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
         return DaemonHealth(False, None, f"{type(exc).__name__} from {netloc}: {_reason(exc)}")
-    return _parse(body, netloc)
+    return _parse(body, netloc, asked)
 
 
-def _parse(body: bytes, netloc: str) -> DaemonHealth:
+def _parse(body: bytes, netloc: str, at: float) -> DaemonHealth:
     if len(body) > MAX_STATUS_BYTES:
         return DaemonHealth(False, None, f"/status at {netloc} is over {MAX_STATUS_BYTES} bytes")
     try:
@@ -138,7 +163,7 @@ def _parse(body: bytes, netloc: str) -> DaemonHealth:
     uptime = status.get("uptime_secs")
     if isinstance(uptime, bool) or not isinstance(uptime, int | float) or not math.isfinite(uptime):
         return DaemonHealth(True, None, f"/status at {netloc} has no numeric uptime_secs")
-    return DaemonHealth(True, float(uptime), "")
+    return DaemonHealth(True, float(uptime), "", at)
 
 
 def _reason(exc: Exception) -> str:
@@ -157,8 +182,10 @@ def check_many(
     timeout_s: float,
     max_workers: int = 16,
     session: requests.Session | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> dict[K, DaemonHealth]:
-    """`check_daemon` for every target at once (a thread pool): {key: health}."""
+    """`check_daemon` for every target at once (a thread pool): {key: health}, each answer
+    timed by `clock` as it is asked (a large fleet's probes span seconds)."""
     if not targets:
         return {}
     own = session is None
@@ -167,7 +194,7 @@ def check_many(
         workers = max(1, min(max_workers, len(targets)))
         with ThreadPoolExecutor(workers, thread_name_prefix="fleetgate-health") as pool:
             futures = {
-                key: pool.submit(check_daemon, host, port, timeout_s, http)
+                key: pool.submit(check_daemon, host, port, timeout_s, http, clock)
                 for key, (host, port) in targets.items()
             }
             return {key: f.result() for key, f in futures.items()}

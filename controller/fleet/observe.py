@@ -62,6 +62,9 @@ class Health(Protocol):
     @property
     def uptime_s(self) -> float | None: ...
 
+    @property
+    def started_at(self) -> float | None: ...
+
 
 class Machine(Protocol):
     @property
@@ -168,6 +171,7 @@ def enrich(listed: Sequence[Instance], links: Mapping[str, Link], health: Mappin
             stage=stage,
             daemon="up" if check and check.up else ("down" if check else "unknown"),
             daemon_uptime_s=check.uptime_s if check and check.up else None,
+            daemon_started_at=check.started_at if check and check.up else None,
             sidecar="up" if alive else ("unknown" if unknown else "down"),
             tasks_running=node.running_tasks if node else 0,
             drained=bool(node and node.unschedulable),

@@ -2,9 +2,9 @@
 
 `SimProbes.check_many` has the signature of `controller.fleet.health.check_many` and answers
 the same targets: (public address, public port) pairs that the controller took from vast's listing
-(`public_ipaddr` and the `ports` mapping of 9821). A daemon that is up answers with its uptime;
-anything else (daemon down, container not running, nothing at that address) is down with the
-reason a real probe would give.
+(`public_ipaddr` and the `ports` mapping of 9821). A daemon that is up answers with its uptime,
+timed by the simulated clock; anything else (daemon down, container not running, nothing at
+that address) is down with the reason a real probe would give.
 
 Must not: decide anything; open sockets; read the wall clock.
 """
@@ -57,4 +57,4 @@ def _answer(
         return DaemonHealth(False, None, f"timed out after {timeout_s:g}s at {netloc}")
     if inst.daemon != "up" or inst.status_closed:  # a status server off or on 127.0.0.1 only
         return DaemonHealth(False, None, f"cannot connect to {netloc}: Connection refused")
-    return DaemonHealth(True, inst.uptime(now), "")
+    return DaemonHealth(True, inst.uptime(now), "", now)
