@@ -27,6 +27,7 @@ from fakes.vast_server import Empty, FakeVast, Lost, Status, offer
 from support import FakeClock
 from test_cli_ops import fg, ok
 
+from controller.core.track import RESTART_SLACK_S
 from controller.service import cli
 from controller.service.app import App
 from controller.service.assemble import assemble
@@ -333,6 +334,47 @@ def test_one_failed_status_probe_restarts_nothing(world: World) -> None:
     assert world.actions("restart_daemon") == []
     track = world.app.journal.fleet.tracks()[str(iid)]
     assert track.daemon == "up" and track.probe_fails == 0  # the blip was counted and forgotten
+
+
+def test_a_daemon_its_supervisor_restarted_between_two_probes_is_counted(world: World) -> None:
+    """supervisord starts cuzk again within a second of its exit, so a probe rarely sees it
+    down: a restart between two probes shows only as a later start, even when the uptime has
+    grown past the last probe's (the probes are timed by the wall clock, as the uptime is)."""
+    world.db.post("PoRep", 2)
+    world.tick(4)
+    [iid] = sorted(world.registered)
+    world.cuzk[iid].restart()
+    world.tick(1)  # its uptime went backwards: a restart, as ever
+    time.sleep(RESTART_SLACK_S + 0.5)
+    world.cuzk[iid].restart()  # exited and started again by its supervisor
+    time.sleep(0.2)
+    world.tick(1)  # the uptime grew past the last probe's: only the later start shows it
+    restarts = [e["detail"] for e in world.app.journal.fleet.events(str(iid))
+                if e["kind"] == "restart"]  # fmt: skip
+    assert len(restarts) == 2 and "started_later_s" not in restarts[0]
+    assert restarts[1]["uptime_now"] > restarts[1]["uptime_before"]
+    assert restarts[1]["started_later_s"] > RESTART_SLACK_S
+    assert world.actions("restart_daemon") == []  # up all along: nothing to restart
+
+
+def test_a_daemon_its_supervisor_keeps_restarting_is_replaced_and_its_host_blocked(
+    world: World,
+) -> None:
+    """Up at every probe, restarted by supervisord between them four times in an hour: a
+    crash loop the rule for a dead daemon never sees (it is never down)."""
+    world.db.post("PoRep", 2)
+    world.tick(4)
+    [iid] = sorted(world.registered)
+    for _ in range(4):
+        world.cuzk[iid].started = time.time() - 1000  # has run a while
+        world.tick(1)
+        world.cuzk[iid].restart()  # exited; its supervisor started it again at once
+        world.tick(1)
+    [replace] = [r for r in world.actions("replace") if r["params"]["instance"] == str(iid)]
+    assert replace["proposer"] == "rule:replace-instance-restarting-on-its-own"
+    assert replace["params"]["block_host"] and world.actions("restart_daemon") == []
+    blocked = {h["machine_id"] for h in world.app.journal.fleet.hosts() if h["blocked_until"]}
+    assert blocked == {str(world.vast.instances[iid]["machine_id"])}
 
 
 def _changes(world: World) -> list[tuple[str, str]]:
