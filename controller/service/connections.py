@@ -12,9 +12,10 @@ traceback for every refused accept, megabytes a second.
 - a request must be received whole (headers and body) within `REQUEST_S` of the connection
   opening, or of the previous response; else the connection is closed (an idle keep-alive
   connection is closed by uvicorn sooner);
-- past `MAX_CONNECTIONS` on one server, the connection that has waited longest for its
-  request to arrive is closed. A request received whole is never closed for this: an agent
-  or a person sends theirs at once, so a slow client can only push out another slow client;
+- past `MAX_CONNECTIONS` on one server, of the address holding the most connections still
+  waiting for their requests, the one that has waited longest is closed. A request received
+  whole is never closed for this: an agent or a person sends theirs at once, so a slow client
+  can only push out another slow client, and one address holding many pushes out its own;
 - the listening socket's backlog is `BACKLOG`, so the connections accepted at once before
   the ones over the limit are closed stay well under the descriptors left.
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -55,7 +57,9 @@ class BoundedH11(H11Protocol):
         self._wait()
         if len(self.connections) > self.max_connections:
             waiting = [c for c in self.connections if isinstance(c, BoundedH11) and c.receiving]
-            oldest = min(waiting, key=lambda c: c._waiting_since, default=None)
+            most = Counter(c.address for c in waiting).most_common(1)
+            among = [c for c in waiting if most and c.address == most[0][0]]
+            oldest = min(among, key=lambda c: c._waiting_since, default=None)
             (oldest or self).close_slow("over the connection limit")
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -65,6 +69,11 @@ class BoundedH11(H11Protocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._wait()
+
+    @property
+    def address(self) -> str:
+        """The client's address, without its port."""
+        return str(self.client[0]) if self.client else ""
 
     @property
     def receiving(self) -> bool:

@@ -335,3 +335,36 @@ def test_a_thousand_connections_that_never_send_a_request_leave_the_api_answerin
             sock.close()
         c.close()
     assert "Too many open files" not in c.stderr.read_text()
+
+
+def _half_request(port: int, source: str) -> socket.socket:
+    """A connection from `source` that sends half a request line and waits."""
+    sock = socket.socket()
+    sock.settimeout(30)
+    sock.bind((source, 0))
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # its headers not ended yet
+    return sock
+
+
+def test_one_address_over_the_limit_pushes_out_its_own_connections_not_anothers(
+    tmp_path: Path,
+) -> None:
+    """A client on a slow link starts its request; one other address then opens 300 that
+    never finish theirs. Past the limit that address's own oldest are closed, so the first
+    client's request, finished after them, is answered (the oldest waiting connection of
+    all, it was closed first)."""
+    c = Child(tmp_path, nofile=1024)
+    held: list[socket.socket] = []
+    slow = _half_request(c.port, "127.0.0.3")
+    try:
+        for _ in range(300):
+            held.append(_half_request(c.port, "127.0.0.2"))
+        r = requests.get(f"{c.base}/healthz", timeout=20)  # the server has taken them all
+        assert r.status_code == 200
+        slow.sendall(b"\r\n")
+        assert slow.recv(4096).startswith(b"HTTP/1.1 200"), "the slow client was cut off"
+    finally:
+        for sock in [slow, *held]:
+            sock.close()
+        c.close()
