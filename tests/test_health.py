@@ -131,17 +131,15 @@ def test_a_daemon_that_answers_is_up_with_its_uptime(
 def test_an_answer_is_timed_as_the_probe_went_out_and_dates_the_daemons_start(
     cuzk: FakeCuzk, session: requests.Session
 ) -> None:
-    """The start is the probe's time less the uptime: asked at 1,000,000 (the clock is read
-    once, as the request goes out, however long the answer takes), up 5,025 s."""
+    """The start is the probe's time less the uptime: asked at 1,000,000 (the clock read as
+    the request goes out, and once more when the answer is in), up 5,025 s. An answer that
+    took over 2 s dates nothing (its request may have waited as long to arrive)."""
     cuzk.delay_s = 0.3
-    reads: list[float] = []
-
-    def clock() -> float:
-        reads.append(1_000_000.0 + len(reads))
-        return reads[-1]
-
-    health = check_daemon("127.0.0.1", port_of(cuzk), 2.0, session, clock)
-    assert (health.at, health.started_at, reads) == (1_000_000.0, 994_975.0, [1_000_000.0])
+    ticks = iter([1_000_000.0, 1_000_001.5, 1_000_100.0, 1_000_102.5])
+    health = check_daemon("127.0.0.1", port_of(cuzk), 2.0, session, lambda: next(ticks))
+    assert (health.at, health.started_at) == (1_000_000.0, 994_975.0)
+    slow = check_daemon("127.0.0.1", port_of(cuzk), 2.0, session, lambda: next(ticks))
+    assert slow.up and slow.uptime_s == 5025.0 and slow.started_at is None
     many = check_many({"a": ("127.0.0.1", port_of(cuzk))}, 2.0, clock=lambda: 2_000_000.0)
     assert many["a"].started_at == 1_994_975.0
     assert DaemonHealth(True, 5.0, "", at=None).started_at is None

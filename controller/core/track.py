@@ -77,8 +77,8 @@ class Debounce:
 NO_DEBOUNCE = Debounce(1, 0.0)
 
 # Two estimates of a daemon's start further apart than this are two starts. An estimate is at
-# most a second late and early by the probe's travel (`DaemonHealth.started_at`); the clocks
-# of the controller and the instance drift apart by a few seconds a day at most.
+# most a second late and at most 2 s early (`DaemonHealth.started_at`: a slower answer dates
+# nothing); the clocks of the controller and the instance drift apart by seconds a day.
 RESTART_SLACK_S = 10.0
 
 

@@ -33,6 +33,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from controller.core.fields import Secret, is_digits
 
 STATUS_PORT = 9821  # the port cuzk's status server listens on inside the container
+# an answer that took longer than this dates no start: its request may have waited that long
+# to arrive, and the start it gives would be that much early
+DATES_WITHIN_S = 2.0
 MAX_STATUS_BYTES = 1 << 20
 
 K = TypeVar("K")
@@ -90,7 +93,8 @@ class DaemonHealth:
         """When the daemon started, on the probing clock: the probe's time less its uptime.
 
         Never more than a second late (the uptime is whole seconds, counted after the request
-        left), early by however long the request took to arrive."""
+        left), early by however long the request took to arrive (`check_daemon` times only an
+        answer that came within `DATES_WITHIN_S`)."""
         if self.at is None or self.uptime_s is None:
             return None
         return self.at - self.uptime_s
@@ -132,7 +136,8 @@ def check_daemon(
     clock: Callable[[], float] = time.time,
 ) -> DaemonHealth:
     """One `GET /status`: up with cuzk's uptime and when it was asked (`clock`, read as the
-    request goes out), or down with the reason."""
+    request goes out; none when the answer took over `DATES_WITHIN_S`), or down with the
+    reason."""
     netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     asked = clock()
     try:
@@ -148,10 +153,11 @@ def check_daemon(
         return DaemonHealth(False, None, f"cannot connect to {netloc}: {_reason(exc)}")
     except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
         return DaemonHealth(False, None, f"{type(exc).__name__} from {netloc}: {_reason(exc)}")
-    return _parse(body, netloc, asked)
+    prompt = clock() - asked <= DATES_WITHIN_S
+    return _parse(body, netloc, asked if prompt else None)
 
 
-def _parse(body: bytes, netloc: str, at: float) -> DaemonHealth:
+def _parse(body: bytes, netloc: str, at: float | None) -> DaemonHealth:
     if len(body) > MAX_STATUS_BYTES:
         return DaemonHealth(False, None, f"/status at {netloc} is over {MAX_STATUS_BYTES} bytes")
     try:
