@@ -225,6 +225,12 @@ def test_nothing_is_put_to_a_person_that_would_do_nothing() -> None:
     assert [x.key for x in doubts] == [{"guard": "max_instances"}]  # the cap says so itself
     [d], _ = guards.check([asked], ctx(fact("fleet", active=1)))
     assert d.verdict == "ask"  # one more instance is worth asking about
+    for failed in ("provider", "demand"):  # made from facts that are not the fleet's
+        sensor = fact("sensor", name=failed, state="failed")
+        [d], _ = guards.check([asked], ctx(fact("fleet", active=1), sensor))
+        assert (d.verdict, d.guard) == ("veto", "sensing") and "not put to a person" in d.why
+    [d], _ = guards.check([asked], ctx(fact("fleet", active=1), paused=True))
+    assert d.verdict == "ask"  # a pause lifts by a person's word: the question stays
 
 
 def test_a_host_block_from_any_answer_is_at_most_thirty_days() -> None:

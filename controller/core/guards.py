@@ -95,6 +95,10 @@ def _launch_room(ctx: Context, b: _Budget, overridden: frozenset[str] = frozense
 
 
 _CAPS = ("max_instances", "max_spend_per_hour")  # their vetoes escalate on their own
+# a proposal these would veto is not put to a person: the caps escalate on their own, and a
+# sensing failure escalates as itself while the facts the proposal was made from are not
+# the fleet's (a fleet fact without the listing); the rule proposes again once they are
+_UNASKED = (*_CAPS, "sensing")
 # the budget caps a person's answer may exceed (per action, whether an answer may name it at
 # all is the descriptor's `overridable`)
 OVERRIDABLE = ("max_instances", "max_launches_per_tick", "max_launches_per_hour",
@@ -402,8 +406,9 @@ def check(decisions: Sequence[Decision], ctx: Context) -> tuple[list[Decision], 
     """Every `act` decision through the guards; other verdicts pass unchanged, except that a
     proposal waiting for approval (`ask`) that the guards would turn into nothing now (a noop,
     or a veto by a budget cap, which escalates by itself) is that instead: nobody is asked to
-    approve a scale-up the fleet already has, or one the caps refuse. A veto that may lift
-    (paused, sensing, a cooldown) leaves the question to people."""
+    approve a scale-up the fleet already has, one the caps refuse, or one made while a sensor
+    it needs failed (from facts that are not the fleet's). A veto that may lift by itself
+    (paused, a cooldown) leaves the question to people."""
     out: list[Decision] = []
     doubts: list[Doubt] = []
     returning, starts_wanted, start_first = _returning(decisions, ctx)
@@ -418,7 +423,7 @@ def check(decisions: Sequence[Decision], ctx: Context) -> tuple[list[Decision], 
                 ),
                 doubts,
             )
-            moot = probe.verdict == "noop" or (probe.verdict == "veto" and probe.guard in _CAPS)
+            moot = probe.verdict == "noop" or (probe.verdict == "veto" and probe.guard in _UNASKED)
             out.append(replace(probe, why=f"{probe.why}; not put to a person") if moot else d)
             continue
         if d.verdict != "act":
