@@ -290,3 +290,23 @@ def test_the_simulator_can_replay_a_trace(tmp_path: Path) -> None:
     st = json.loads(fg("--config", str(cfg), "--state", str(state), "status", "--json").stdout)
     assert st["sim"]["tasks_arrived"] > 0
     assert any(r["action"] == "launch" for r in actions(cfg, state))
+
+
+def test_a_crash_loop_its_supervisor_restarts_is_replaced_and_its_host_blocked(
+    tmp_path: Path,
+) -> None:
+    """On a simulated world where supervisord starts cuzk again 2 s after it dies, a daemon on
+    a crash-loop host is never seen down: the rule for a restarting daemon replaces it, and
+    nothing is restarted by fleetgate."""
+    cfg = fast_config(tmp_path)
+    world = ("{supervised_restart_s: 2, crash_loop_host_fraction: 0.3, "
+             "crash_loop_s: [120, 300], daemon_death_per_h: 0.0}")  # fmt: skip
+    cfg.write_text(cfg.read_text() + f"sim: {{world: {world}}}\n")
+    state = tmp_path / "state"
+    out = fg("--config", str(cfg), "--state", str(state), "run", "--ticks", "300", "--seed", "7")
+    assert "stopped after 300 tick(s) (0 failed)" in out.stderr
+    done = [a for a in actions(cfg, state) if a["status"] == "ok"]
+    looped = [a for a in done if a["action"] == "replace"
+              and a["proposer"] == "rule:replace-instance-restarting-on-its-own"]  # fmt: skip
+    assert looped and all(a["result"]["blocked_host"] for a in looped)
+    assert [a for a in done if a["action"] == "restart_daemon"] == []

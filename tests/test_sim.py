@@ -199,6 +199,22 @@ def test_crash_loop_host_keeps_killing_the_daemon() -> None:
         assert get(sim, iid).daemon_uptime_s == 0.0
 
 
+def test_a_supervised_daemon_is_started_again_by_itself() -> None:
+    """`supervised_restart_s`: cuzk under supervisord comes back 2 s after each death with no
+    restart from anyone, its uptime from zero (a crash-loop host goes on killing it)."""
+    sim = make_sim(crash_loop_host_fraction=1.0, supervised_restart_s=2.0, **FAST_BOOT)
+    iid = launch(sim, "supervised")
+    run_until(sim, lambda: get(sim, iid).daemon == "up", limit_s=60, step=1)
+    for _ in range(3):
+        run_until(sim, lambda: get(sim, iid).daemon == "down", limit_s=420, step=1)
+        sim.advance(1)
+        assert get(sim, iid).daemon == "down"
+        sim.advance(1)
+        back = get(sim, iid)
+        assert (back.status, back.daemon) == ("running", "up")
+        assert back.daemon_uptime_s is not None and back.daemon_uptime_s < 1.0  # started anew
+
+
 def test_frozen_status_appears_and_stays() -> None:
     sim = make_sim(frozen_per_h=20.0)
     ids = [launch(sim, f"f{n}") for n in range(3)]

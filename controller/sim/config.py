@@ -117,6 +117,13 @@ class SimConfig(BaseModel):
     restart_delay_s: float = Field(
         default=20.0, ge=0, description="restart_daemon: seconds until the daemon is up again."
     )
+    supervised_restart_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="cuzk under supervisord with autorestart: a daemon that dies (silently or "
+        "on a crash-loop host) is started again by itself this many seconds later, its tasks "
+        "lost; None (the default): it stays down until restarted.",
+    )
     reboot_s: float = Field(default=60.0, ge=0, description="reboot: seconds in status rebooting.")
 
     # --- stop and start (vast keeps a stopped instance's disk and bills only its storage)

@@ -74,7 +74,10 @@ def apply_event(
         return _end_stage(inst, t, machine, config, rng)
     if kind == "death":
         log.debug("sim: instance %s daemon died at %.0f", inst.id, t)
-        return _kill_daemon(inst)
+        effect = _kill_daemon(inst)
+        if config.supervised_restart_s is not None:  # its supervisor starts it again
+            inst.restart_at = t + config.supervised_restart_s
+        return effect
     if kind == "restart":
         inst.restart_at = None
         _start_daemon(inst, t, machine, config, rng)
