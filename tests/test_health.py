@@ -79,6 +79,7 @@ class _Handler(BaseHTTPRequestHandler):
             "no-uptime": b'{"memory": {}}',
             "list": b"[1, 2]",
             "inf": b'{"uptime_secs": Infinity}',
+            "negative": b'{"uptime_secs": -86400}',
         }
         if srv.mode == "error":
             return self._send(503, b'{"error": "starting"}', "application/json")
@@ -172,6 +173,7 @@ def test_a_daemon_that_does_not_answer_in_time_is_down(
         ("error", DaemonHealth(False, None, "HTTP 503 from {}/status")),
         ("no-uptime", DaemonHealth(True, None, "/status at {} has no numeric uptime_secs")),
         ("inf", DaemonHealth(True, None, "/status at {} has no numeric uptime_secs")),
+        ("negative", DaemonHealth(True, None, "/status at {} has a negative uptime_secs")),
     ],
 )
 def test_answers_that_are_not_a_status(

@@ -169,6 +169,8 @@ def _parse(body: bytes, netloc: str, at: float | None) -> DaemonHealth:
     uptime = status.get("uptime_secs")
     if isinstance(uptime, bool) or not isinstance(uptime, int | float) or not math.isfinite(uptime):
         return DaemonHealth(True, None, f"/status at {netloc} has no numeric uptime_secs")
+    if uptime < 0:  # a start in the future: no uptime, and it dates no start
+        return DaemonHealth(True, None, f"/status at {netloc} has a negative uptime_secs")
     return DaemonHealth(True, float(uptime), "", at)
 
 
