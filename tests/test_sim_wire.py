@@ -272,3 +272,48 @@ def test_a_leader_that_loses_the_lease_after_writing_its_intents_carries_none_ou
         assert row["action"] == "restart_daemon" and row["status"] == "intent", row
     finally:
         app.close()
+
+
+def test_a_leader_stalled_after_its_plan_writes_nothing_once_taken_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A leader stalled (SIGSTOP, a VM stall) between reading the journal and writing its tick,
+    past its lease, woken after another took over: a tick that carried nothing out (paused, or
+    nothing to do) wrote its row and its tracks, read before the stall, over the new leader's
+    (only an action's own row was fenced)."""
+    import sqlite3
+
+    leader = sim_app(tmp_path)
+    successor = sim_app(tmp_path)
+    try:
+        lease = Lease(leader.journal, "a", ttl_s=30)
+        assert lease.renew()
+        for _ in range(12):
+            leader.controller.tick()
+        leader.journal.meta.put("paused", True)  # its next tick carries nothing out
+        reader = peer(leader.journal)  # another process's view of the journal
+        planned = leader.controller.plan
+        seen: dict[str, Any] = {}
+
+        def then_taken_over(*args: Any, **kw: Any) -> Any:
+            out = planned(*args, **kw)  # read and sensed under a's lease
+            db = sqlite3.connect(tmp_path / "state" / "journal.db")
+            db.execute("UPDATE leases SET expires_at = 0")  # a stalls past its lease...
+            db.commit()
+            db.close()
+            assert Lease(successor.journal, "b", ttl_s=30).renew()  # ...b takes over
+            successor.controller.tick()
+            seen["ticks"] = [t["id"] for t in successor.journal.meta.ticks(100)]
+            seen["tracks"] = reader.fleet.tracks()
+            return out
+
+        monkeypatch.setattr(leader.controller, "plan", then_taken_over)
+        with pytest.raises(StaleLeader, match="held by b"):
+            leader.controller.tick()
+        monkeypatch.undo()
+        assert [t["id"] for t in reader.meta.ticks(100)] == seen["ticks"]  # no row of a's
+        assert reader.fleet.tracks() == seen["tracks"]  # b's uptimes, not a's older ones
+        reader.close()
+    finally:
+        leader.close()
+        successor.close()

@@ -55,6 +55,9 @@ def write(
     recent = set(planned.vetoes)
     rows: list[tuple[Decision, int]] = []
     with journal.tx() as db:
+        # first, whatever the plan holds: a leader stalled past its lease since it read the
+        # journal would write its tracks and bookkeeping, read before, over its successor's
+        journal.actions.check_fence(db)
         tick_id = journal.meta.start_tick(planned.now, rules, db)
         for b in planned.books:
             _book(journal, b, planned.now)

@@ -44,7 +44,7 @@ from controller.service import apply, autonomy
 from controller.service.clockwatch import ClockWatch, Jump
 from controller.service.gather import ForecastCache, Gathered, MeasuredCache, gather, sense
 from controller.service.plan import Planned, plan
-from controller.store.backend import JournalError, JournalLost, Tx
+from controller.store.backend import JournalError, JournalLost, StaleLeader, Tx
 from controller.store.journal import Journal
 from escalation.router import Escalator
 
@@ -130,6 +130,9 @@ class Controller:
         """Steps 1-5; a failure counts towards `FAILURES_TO_ESCALATE` and is raised."""
         try:
             planned = self._tick()
+        except StaleLeader:  # another controller leads: not a failure of this one's, no row
+            self._started = None
+            raise
         except Exception as exc:
             if self._started is not None:  # it failed before its row was written: one now
                 self._record_failed()

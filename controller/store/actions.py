@@ -110,12 +110,17 @@ CREATE TABLE IF NOT EXISTS replacements (
                   dumps({"instance": iid, "label": label})) for iid, label in rented],
             )  # fmt: skip
 
-    def check_fence(self) -> None:
+    def check_fence(self, db: Tx | None = None) -> None:
         """`StaleLeader` unless the lease this process acts under is still its own and
-        unexpired (by the store's clock); nothing to check while it holds none."""
-        if self.fence is not None:
-            with self.tx() as db:
-                self._check_fence(db)
+        unexpired (by the store's clock); nothing to check while it holds none. In `db`, the
+        caller's open transaction, when given (what it writes then commits under the lease)."""
+        if self.fence is None:
+            return
+        if db is not None:
+            self._check_fence(db)
+            return
+        with self.tx() as own:
+            self._check_fence(own)
 
     def _check_fence(self, db: Tx) -> int | None:
         fence = self.fence
