@@ -278,9 +278,14 @@ CREATE TABLE IF NOT EXISTS hosts (
 
 def _track(data: dict[str, Any]) -> Track:
     """A stored track; one saved before tracks kept `answered` (cuzk's status server answered
-    once) takes it from `ever_up`, the best that was known then."""
+    once) takes it from `ever_up`, the best that was known then; one saved before they kept
+    `died`, a daemon down on a running instance it was once up on died (the release that saved
+    it counted that daemon's return as a restart; a stopped instance's is a start)."""
     if "answered" not in data:
         data = {**data, "answered": bool(data.get("ever_up"))}
+    if "died" not in data:
+        died = data.get("daemon") == "down" and data.get("status") == "running"
+        data = {**data, "died": died and bool(data.get("ever_up"))}
     return Track(**data)
 
 

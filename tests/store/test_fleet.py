@@ -161,3 +161,32 @@ def test_a_track_stored_before_answered_was_kept_takes_it_from_ever_up(j: Journa
     tracks = other.fleet.tracks()
     other.close()
     assert (tracks["1"].answered, tracks["2"].answered) == (True, False)
+
+
+def test_a_track_stored_before_died_was_kept_knows_a_daemon_down_after_a_death(
+    j: Journal,
+) -> None:
+    """Tracks saved by the previous release lack `started` and `died`: read back with died
+    False, every daemon down on a running instance at the upgrade came back as a start, not a
+    restart, and the crash-loop rules never counted it. Down on a running instance it had
+    served on is a death (the previous release counted its return as a restart); down on a
+    stopped one, a warm pool's stop."""
+    from controller.store.aggregate import dumps
+
+    def old(i: str, status: str, daemon: str, ever_up: bool) -> dict[str, object]:
+        saved = {**_track(i, 10)._asdict(), "status": status, "daemon": daemon,
+                 "ever_up": ever_up}  # fmt: skip
+        del saved["started"], saved["died"]
+        return saved
+
+    rows = [old("1", "running", "down", True), old("2", "stopped", "down", True),
+            old("3", "running", "down", False), old("4", "running", "up", True)]  # fmt: skip
+    with j.tx() as db:
+        db.executemany("INSERT INTO tracks (id, data) VALUES (?, ?)",
+                       [(r["id"], dumps(r)) for r in rows])  # fmt: skip
+    other = peer(j)
+    tracks = other.fleet.tracks()
+    other.close()
+    assert {i: t.died for i, t in tracks.items()} == {"1": True, "2": False, "3": False,
+                                                      "4": False}  # fmt: skip
+    assert all(t.started is None for t in tracks.values())
