@@ -17,7 +17,8 @@ The leader lease (`controller/store/lease.py`) and the instance records
 
 Opening a journal creates what is missing: every table and index (`CREATE ... IF NOT EXISTS`),
 then every column added since a table first shipped (each part's `COLUMNS`), so a journal
-written by an earlier version opens and is brought up to date in place.
+written by an earlier version opens and is brought up to date in place. One written by a later
+version that stores what this one cannot read (`controller.store.meta.FORMAT`) is refused.
 """
 
 from __future__ import annotations
@@ -68,9 +69,14 @@ class Journal:
         self.rule_pending = RulePending(self.store)
         self.demand = DemandHistory(self.store)
         self.totals = Totals(self.store)
-        if not read_only:
-            self._create((self.meta, self.actions, self.escalations, self.fleet, self.llm,
-                          self.demand, self.rule_pending, self.totals))  # fmt: skip
+        try:
+            if not read_only:
+                self._create((self.meta, self.actions, self.escalations, self.fleet, self.llm,
+                              self.demand, self.rule_pending, self.totals))  # fmt: skip
+            self.meta.check_format(mark=not read_only)  # a later release's: refused
+        except JournalError:
+            self.store.close()
+            raise
 
     def _create(self, parts: tuple[Aggregate, ...]) -> None:
         self.store.create(statements("".join(p.SCHEMA for p in parts) + lease.SCHEMA))

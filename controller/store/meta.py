@@ -18,6 +18,12 @@ from controller.store.aggregate import Aggregate, dumps, loads
 from controller.store.backend import JournalError, JournalLost, Tx
 
 IDENTITY = "journal_id"
+FORMAT_KEY = "journal_format"
+# What this release stores that an earlier one cannot read, counted: raised with each such
+# change (2: a track's `started` and `died`), so that an earlier release opening a later one's
+# journal refuses it in one line, where it would fail every tick. A journal without the mark
+# is of format 1.
+FORMAT = 2
 MAX_PROBLEMS_CHARS = 20_000  # of a failed reload's problems, as stored
 
 UPSERT_KV = ("INSERT INTO kv(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET "
@@ -49,6 +55,21 @@ CREATE TABLE IF NOT EXISTS rule_reloads (
     def put(self, key: str, value: Any) -> None:
         with self.tx() as db:
             db.execute(UPSERT_KV, (key, dumps(value)))
+
+    # ---- format ----------------------------------------------------------------------------
+    def check_format(self, *, mark: bool) -> None:
+        """`JournalError` if a later release wrote this journal (its format is above
+        `FORMAT`); else, with `mark`, note this release's format in it."""
+        row = self._one("SELECT value FROM kv WHERE key = ?", (FORMAT_KEY,))
+        stored = int(loads(row["value"])) if row else 1
+        if stored > FORMAT:
+            where = getattr(self.store, "where", "the journal")
+            raise JournalError(f"journal ({where}): written by a later fleetgate (journal format "
+                               f"{stored}; this release reads formats up to {FORMAT}): run "
+                               "that release, or this one on a copy of the journal from "
+                               "before the upgrade")  # fmt: skip
+        if mark and stored < FORMAT:
+            self.put(FORMAT_KEY, FORMAT)
 
     # ---- identity --------------------------------------------------------------------------
     def identity(self) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from support import peer
 
-from controller.store.backend import JournalLost
+from controller.store.backend import JournalError, JournalLost
 from controller.store.journal import Journal
 from controller.store.meta import MAX_PROBLEMS_CHARS
 
@@ -75,3 +75,19 @@ def test_the_identity_row_is_read_again_only_after_another_connection_wrote(
     with pytest.raises(JournalLost, match="no identity row"):
         j.meta.check_identity(made)
     other.close()
+
+
+def test_a_journal_a_later_release_wrote_is_refused_in_one_line(j: Journal) -> None:
+    """A downgrade: the release before this one read the tracks this one stores as an error in
+    every tick (an unexpected keyword), ticking on, escalating its own failures. A journal is
+    marked with the format of the release that wrote it; one of a later format is refused when
+    it is opened, saying why and what to do, and nothing is written to it."""
+    from controller.store import meta
+
+    other = peer(j)
+    assert other.meta.get(meta.FORMAT_KEY) == meta.FORMAT  # opening marked it
+    other.meta.put(meta.FORMAT_KEY, meta.FORMAT + 1)  # a later release opened it since
+    other.close()
+    with pytest.raises(JournalError, match=f"format {meta.FORMAT + 1};.* up to {meta.FORMAT}"):
+        peer(j).close()
+    assert j.meta.get(meta.FORMAT_KEY) == meta.FORMAT + 1
