@@ -337,3 +337,36 @@ def test_the_total_queue_is_kept_whatever_the_number_of_task_names(tmp_path: Pat
     tasks = {dict(k[1])["task"] for k in got if k[0] == "fleetgate_task_pending"}
     assert "all" in tasks and len(tasks) == 50
     assert got[("fleetgate_task_pending", (("task", "all"),))] == last["summary"]["pending"]
+
+
+def test_each_controller_says_whether_it_leads(tmp_path: Path) -> None:
+    """Several controllers share a journal, each scraped: every one reported the same lease
+    (some controller leads), and no metric said which one, so neither a graph nor an alert
+    could follow the leader through a failover. Each says whether it is the holder."""
+    from controller.service.dashboard import View
+
+    journal = Journal(tmp_path / "j.db")
+    servers = {name: Server(create_app(journal, SecretStr("t0ken"), clock=lambda: 500.0,
+                                       view=View(holder=name)), "127.0.0.1", 0)
+               for name in ("host-a:1", "host-b:2")}  # fmt: skip
+    for server in servers.values():
+        server.start()
+
+    def held() -> dict[str, float | None]:
+        key = ("fleetgate_lease_held", (("lease", "leader"),))
+        return {name: _samples(requests.get(f"http://127.0.0.1:{s.port}/metrics",
+                                            timeout=10).text).get(key)
+                for name, s in servers.items()}  # fmt: skip
+
+    try:
+        assert held() == {"host-a:1": 0, "host-b:2": 0}  # nobody leads yet
+        a = Lease(journal, "host-a:1", ttl_s=30, margin_s=1)
+        assert a.renew()
+        assert held() == {"host-a:1": 1, "host-b:2": 0}
+        a.release()
+        assert Lease(journal, "host-b:2", ttl_s=30, margin_s=1).renew()
+        assert held() == {"host-a:1": 0, "host-b:2": 1}
+    finally:
+        for server in servers.values():
+            server.stop()
+        journal.close()

@@ -98,7 +98,7 @@ def create_app(
     app.include_router(status_router(journal, auth, status, clock, view, journal_id))
     settle = answerer(journal, clock, on_answer)
     app.include_router(escalations_router(journal, auth, clock, settle))
-    app.include_router(metrics_router(journal))
+    app.include_router(metrics_router(journal, view.holder))
 
     def record(esc_id: int, decision: str, action: str | None, by: str) -> dict[str, Any]:
         return settle(esc_id, Answer(decision=decision, action=action), by)

@@ -25,6 +25,8 @@ statuses, stages); anything else is `other`, never free text.
     fleetgate_task_oldest_pending_seconds{task}, fleetgate_task_forecast{task},
     fleetgate_sensor_state{sensor,state}         the same summary's queue per task, sensors
     fleetgate_lease_live{lease}, fleetgate_lease_seconds_left{lease}
+    fleetgate_lease_held{lease}                  1 if the controller scraped holds it (the
+                                                 one number that differs between controllers)
 
 Timestamps are the controller's clock (seconds since the epoch). A journal that cannot be read
 answers 503, so the scrape fails visibly rather than reporting zeros.
@@ -98,9 +100,12 @@ def _bucket_sql(expr: str, buckets: Sequence[float]) -> str:
 class JournalCollector(Collector):
     """Every metric, read from `journal` at collection time."""
 
-    def __init__(self, journal: Journal, lease_name: str = lease.LEADER) -> None:
+    def __init__(self, journal: Journal, lease_name: str = lease.LEADER,
+                 holder: str | None = None) -> None:  # fmt: skip
+        """`holder`: the serving controller's name on the lease (None: no lease_held)."""
         self.journal = journal
         self.lease_name = lease_name
+        self.holder = holder
         self._folded: dict[tuple[str, str], float] = {}
 
     def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
@@ -256,6 +261,13 @@ class JournalCollector(Collector):
                                  "lease expires (0 once expired).", labels=("lease",))  # fmt: skip
         left.add_metric((self.lease_name,), max(0.0, state.expires_in_s) if state.live else 0.0)
         yield left
+        if self.holder is not None:
+            held = GaugeMetricFamily("fleetgate_lease_held", "1 while the controller serving "
+                                     "this scrape holds the leader lease unexpired.",
+                                     labels=("lease",))  # fmt: skip
+            mine = state.live and state.holder == self.holder
+            held.add_metric((self.lease_name,), 1.0 if mine else 0.0)
+            yield held
 
 
 PER_TASK = (
@@ -311,10 +323,11 @@ def _sensors(states: Any) -> Iterator[Metric]:
     yield family
 
 
-def metrics_router(journal: Journal) -> APIRouter:
-    """GET /metrics: the journal's metrics in Prometheus's text format."""
+def metrics_router(journal: Journal, holder: str | None = None) -> APIRouter:
+    """GET /metrics: the journal's metrics in Prometheus's text format (`holder`: the serving
+    controller's name on the lease)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(JournalCollector(journal))
+    registry.register(JournalCollector(journal, holder=holder))
     router = APIRouter()
 
     @router.get("/metrics", include_in_schema=False)
