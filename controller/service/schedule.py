@@ -34,7 +34,7 @@ from apscheduler.triggers.base import BaseTrigger
 
 from controller.service.sdnotify import Notifier
 from controller.store.backend import JournalError, StaleLeader
-from controller.store.lease import Lease, read
+from controller.store.lease import Lease, LeaseState, read
 from escalation.outbox import Background
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,8 @@ class Runner:
         self._trigger = SteadyInterval(interval_s)
         self._running = threading.Event()
         self._seen: tuple[str | None, int] | None = None  # the leader last reported standing by
+        self._named: tuple[int, float] | None = None  # (token, expiry) of a lease of our name
+        self._told: int | None = None  # the term another controller of our name was told of
 
     def _job(self) -> None:
         self._running.set()
@@ -148,11 +150,28 @@ class Runner:
                 self._seen = (state.holder, state.token)
                 log.warning("standing by: lease %r is held by %s (token %d, %.0f s left)",
                             self.lease.name, state.holder, state.token, left)  # fmt: skip
+            if state.holder == self.lease.holder:
+                self._same_name(state)
         except JournalError as exc:
             log.error("lease %r: %s; not acting until it is renewed", self.lease.name, exc)
             self.lease.token = None  # no new tick; the fence stays: the store still checks it
             return self.renew_s
         return min(self.renew_s, max(0.05, left + 0.05))
+
+    def _same_name(self, state: LeaseState) -> None:
+        """This controller's name on a lease it does not hold: a term of its own that lapsed,
+        or a predecessor's of the same name (a restart), until it is renewed; then another
+        controller has this one's name, and is told of once per term."""
+        assert self.lease is not None
+        seen, self._named = self._named, (state.token, state.expires_at)
+        if seen is None or seen[0] != state.token or seen[1] == state.expires_at:
+            return
+        if self._told != state.token:
+            self._told = state.token
+            log.error("lease %r is renewed by another controller named %s (token %d): give "
+                      "each controller a name of its own (lease.holder, or leave it unset for "
+                      "host:pid), or none of them can tell who leads", self.lease.name,
+                      state.holder, state.token)  # fmt: skip
 
     def _watch(self) -> None:
         """Run an overdue tick now: the wall clock stepped back under APScheduler's wait."""

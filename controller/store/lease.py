@@ -64,6 +64,7 @@ class LeaseState:
     token: int
     expires_in_s: float  # negative: expired that long ago
     implausible: bool = False  # its expiry lies beyond now + ttl: the clock stepped back
+    expires_at: float = 0.0  # by the store's clock: a renewal moves it
 
     @property
     def live(self) -> bool:
@@ -187,4 +188,5 @@ def _state(row: dict[str, Any], now: float, ttl_s: float | None) -> LeaseState:
     left = float(row["expires_at"]) - now
     kept = row.get("ttl_s")
     bound = float(kept) if kept is not None else ttl_s
-    return LeaseState(str(row["holder"]), int(row["token"]), left, not plausible(left, bound))
+    return LeaseState(str(row["holder"]), int(row["token"]), left, not plausible(left, bound),
+                      float(row["expires_at"]))  # fmt: skip

@@ -254,3 +254,29 @@ def test_a_cron_tick_longer_than_the_lease_keeps_it_and_acts(
         assert not read(app.journal).live  # let go after
     finally:
         app.close()
+
+
+def test_a_standby_that_finds_its_own_name_renewed_on_the_lease_says_so(
+    j: Journal, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The README runs every controller on the same config: one that sets `lease.holder` there
+    names them all alike, and each standby logged that it stood by for itself while /readyz,
+    the dashboard and the metrics of every one of them said it led. Once the lease of its name
+    is renewed by another (a predecessor that died, or a term of its own that lapsed, is not),
+    it is an error, once, that says what to change."""
+    other = peer(j)
+    leader = Lease(other, "fleetgate", ttl_s=30, margin_s=1)
+    assert leader.renew()
+    standby = Runner(lambda: None, 1.0, lease=Lease(j, "fleetgate", ttl_s=30, margin_s=1))
+    with caplog.at_level("WARNING"):
+        standby._renew()
+        standby._renew()  # not renewed since: a predecessor of the same name, maybe
+        assert [r.levelname for r in caplog.records] == ["WARNING"]
+        for _ in range(2):
+            assert leader.renew()
+            standby._renew()
+    assert [(r.levelname, r.getMessage()) for r in caplog.records[1:]] == [
+        ("ERROR", "lease 'leader' is renewed by another controller named fleetgate (token 1): "
+                  "give each controller a name of its own (lease.holder, or leave it unset "
+                  "for host:pid), or none of them can tell who leads")]  # fmt: skip
+    other.close()
