@@ -225,6 +225,23 @@ def test_a_controller_that_stood_by_goes_on_from_the_world_the_leader_saved(
         standby.close()
 
 
+def lead_as_a(app: Any, ticks: int) -> None:
+    """`app` takes the leader lease as "a" (30 s) and ticks `ticks` times under it."""
+    assert Lease(app.journal, "a", ttl_s=30).renew()
+    for _ in range(ticks):
+        app.controller.tick()
+
+
+def stall_past_lease(journal_db: Path) -> None:
+    """Every lease in the SQLite journal at `journal_db` expired: its holder stalled past it."""
+    import sqlite3
+
+    db = sqlite3.connect(journal_db)
+    db.execute("UPDATE leases SET expires_at = 0")
+    db.commit()
+    db.close()
+
+
 def test_a_leader_that_loses_the_lease_after_writing_its_intents_carries_none_out(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -232,17 +249,12 @@ def test_a_leader_that_loses_the_lease_after_writing_its_intents_carries_none_ou
     one: a leader paused between the two (SIGSTOP, a VM stall) past its lease, woken after
     another took over, called the provider for them anyway (only a launch's own row was
     fenced, so a restart, a drain or a destroy went out under a lost term)."""
-    import sqlite3
-
     from controller.service import apply
     from escalation import approvals
 
     app = sim_app(tmp_path)
     try:
-        lease = Lease(app.journal, "a", ttl_s=30)
-        assert lease.renew()
-        for _ in range(12):
-            app.controller.tick()
+        lead_as_a(app, ticks=12)
         assert app.sim is not None
         target = sorted(i.id for i in app.sim.world.live_instances())[0]
         esc = app.journal.escalations.add_escalation(
@@ -256,10 +268,7 @@ def test_a_leader_that_loses_the_lease_after_writing_its_intents_carries_none_ou
 
         def then_taken_over(*args: Any, **kw: Any) -> Any:
             out = written(*args, **kw)  # the intents, under a's lease
-            db = sqlite3.connect(tmp_path / "state" / "journal.db")
-            db.execute("UPDATE leases SET expires_at = 0")  # a stalls past its lease...
-            db.commit()
-            db.close()
+            stall_past_lease(tmp_path / "state" / "journal.db")  # a stalls past its lease...
             other = peer(app.journal)
             assert Lease(other, "b", ttl_s=30).renew()  # ...and b takes over
             other.close()
@@ -281,15 +290,10 @@ def test_a_leader_stalled_after_its_plan_writes_nothing_once_taken_over(
     past its lease, woken after another took over: a tick that carried nothing out (paused, or
     nothing to do) wrote its row and its tracks, read before the stall, over the new leader's
     (only an action's own row was fenced)."""
-    import sqlite3
-
     leader = sim_app(tmp_path)
     successor = sim_app(tmp_path)
     try:
-        lease = Lease(leader.journal, "a", ttl_s=30)
-        assert lease.renew()
-        for _ in range(12):
-            leader.controller.tick()
+        lead_as_a(leader, ticks=12)
         leader.journal.meta.put("paused", True)  # its next tick carries nothing out
         reader = peer(leader.journal)  # another process's view of the journal
         planned = leader.controller.plan
@@ -297,10 +301,7 @@ def test_a_leader_stalled_after_its_plan_writes_nothing_once_taken_over(
 
         def then_taken_over(*args: Any, **kw: Any) -> Any:
             out = planned(*args, **kw)  # read and sensed under a's lease
-            db = sqlite3.connect(tmp_path / "state" / "journal.db")
-            db.execute("UPDATE leases SET expires_at = 0")  # a stalls past its lease...
-            db.commit()
-            db.close()
+            stall_past_lease(tmp_path / "state" / "journal.db")  # a stalls past its lease...
             assert Lease(successor.journal, "b", ttl_s=30).renew()  # ...b takes over
             successor.controller.tick()
             seen["ticks"] = [t["id"] for t in successor.journal.meta.ticks(100)]
