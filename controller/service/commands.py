@@ -313,7 +313,9 @@ def tick_once(app: App) -> int:
         st = read(app.journal, claim.name)
         print(f"fleetgate: {st.holder} leads (token {st.token}, {st.expires_in_s:.0f} s left): "
               "not ticking; if that is a `fleetgate run` on this journal, it ticks by itself: "
-              "drop this cron line (or stop the service)", file=sys.stderr)  # fmt: skip
+              "drop this cron line (or stop the service); if it is an earlier `fleetgate tick` "
+              "still running, ticks take longer than the cron interval",
+              file=sys.stderr)  # fmt: skip
         return 0
     # renewed while the tick runs, as `run`'s lease thread does: a tick longer than the TTL
     # (a slow listing, vast's backoff) had every action after it refused as a stale leader's

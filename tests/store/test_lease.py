@@ -221,6 +221,7 @@ def test_a_cron_tick_takes_the_lease_and_stands_aside_for_a_leader(
     said = capsys.readouterr().err
     assert "ops-1:4242 leads (token 2" in said
     assert "it ticks by itself: drop this cron line (or stop the service)" in said  # the fix
+    assert "an earlier `fleetgate tick` still running" in said  # or another cron tick leads
     assert len(j.meta.ticks()) == 1  # it did not tick
     assert main(["--state", str(state), "status"]) == 0
     assert "leader: ops-1:4242 (token 2, lease" in capsys.readouterr().out
