@@ -28,6 +28,7 @@ from datetime import UTC, datetime, timedelta
 from types import FrameType
 from typing import Any
 
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobSubmissionEvent
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.base import BaseTrigger
@@ -40,6 +41,17 @@ from escalation.outbox import Background
 log = logging.getLogger(__name__)
 
 OVERDUE_S = 1.0  # a tick this late by the monotonic clock was lost to a step of the wall clock
+
+
+class _NoSkippedRuns(logging.Filter):
+    """APScheduler's warning for each run skipped while a tick outlasts `interval_s` (a line
+    with the job's repr, every interval): the runner says it once a tick, in its own words."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "maximum number of running instances reached" not in str(record.msg)
+
+
+logging.getLogger("apscheduler.scheduler").addFilter(_NoSkippedRuns())
 
 
 class SteadyInterval(BaseTrigger):  # type: ignore[misc]
@@ -83,9 +95,11 @@ class Runner:
         self._seen: tuple[str | None, int] | None = None  # the leader last reported standing by
         self._named: tuple[int, float] | None = None  # (token, expiry) of a lease of our name
         self._told: int | None = None  # the term another controller of our name was told of
+        self._long = False  # the tick running has outlasted interval_s (said once a tick)
 
     def _job(self) -> None:
         self._running.set()
+        self._long = False
         try:
             self._run_once()
         finally:
@@ -224,6 +238,7 @@ class Runner:
         except BaseException:
             self._restore(previous)
             raise
+        scheduler.add_listener(self._skipped, EVENT_JOB_MAX_INSTANCES)
         scheduler.add_job(self._job, trigger, id="tick", next_run_time=datetime.now(UTC))
         self._scheduler = scheduler
         if self.outbox is not None:
@@ -247,6 +262,13 @@ class Runner:
                     log.error("could not release the lease: %s", exc)
             self._restore(previous)
         return self.done
+
+    def _skipped(self, _event: JobSubmissionEvent) -> None:
+        """A run skipped because the tick before it still runs: said once a tick."""
+        if not self._long:
+            self._long = True
+            log.warning("a tick has run longer than interval_s (%g s): the next one starts "
+                        "when it ends", self.interval_s)  # fmt: skip
 
     @staticmethod
     def _restore(previous: dict[signal.Signals, Any]) -> None:
