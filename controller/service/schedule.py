@@ -193,7 +193,7 @@ class Runner:
             return
         log.warning(
             "the tick is %.1f s overdue by the monotonic clock (the wall clock stepped "
-            "back?): running it now",
+            "back, or this process was stopped or its host suspended): running it now",
             self._trigger.monotonic() - (self._trigger.due or 0),
         )
         self._trigger.due = None  # once, until it has fired
