@@ -173,7 +173,10 @@ class Escalator:
             routed = self._unread(s, doubt)
             if routed is None and not verdict.fresh:  # the LLM read it since it last changed
                 routed = Routed(False, f"it is asked once more: {verdict.why}")
-            with self.journal.tx():  # the escalation and its job, or neither
+            with self.journal.tx() as db:  # the escalation and its job, or neither
+                # under this controller's lease, when it holds one: a leader stalled past it
+                # since it sensed raises nothing from that old view (StaleLeader)
+                self.journal.actions.check_fence(db)
                 esc_id = self.journal.escalations.add_escalation(
                     fingerprint=fp, kind=s.kind, subject=s.subject, summary=s.summary, now=now,
                     deadline=now + self.deadline_s, situation=to_dict(s), default_action=HOLD,
@@ -279,9 +282,12 @@ class Escalator:
             if esc["fingerprint"] in current:
                 continue
             note = {"note": "the situation no longer holds"}
-            if self.journal.escalations.answer(int(esc["id"]), status="resolved",
-                                               by="controller", now=now,
-                                               answer=note):  # fmt: skip
+            with self.journal.tx() as db:  # under the lease, as a raise is
+                self.journal.actions.check_fence(db)
+                resolved = self.journal.escalations.answer(int(esc["id"]), status="resolved",
+                                                           by="controller", now=now,
+                                                           answer=note)  # fmt: skip
+            if resolved:
                 log.info("escalation #%s resolved: %s no longer holds", esc["id"], esc["subject"])
                 self.closed(int(esc["id"]))
                 closed.append(int(esc["id"]))

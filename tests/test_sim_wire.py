@@ -318,3 +318,32 @@ def test_a_leader_stalled_after_its_plan_writes_nothing_once_taken_over(
     finally:
         leader.close()
         successor.close()
+
+
+def test_a_leader_stalled_before_its_escalations_raises_and_resolves_none_once_taken_over(
+    tmp_path: Path,
+) -> None:
+    """Stalled past its lease between acting and escalating, a leader woken after another took
+    over raised escalations from its old view, or resolved the new leader's."""
+    from controller.core.decide import Doubt
+
+    leader = sim_app(tmp_path)
+    successor = sim_app(tmp_path)
+    try:
+        lead_as_a(leader, ticks=2)
+        odd = Doubt("unmatched", "instance:odd", "an instance no rule matches", key={"n": 1})
+        now = time.time()
+        [raised] = leader.controller.escalator.raise_all([odd], {}, {}, now)  # while it leads
+        stall_past_lease(tmp_path / "state" / "journal.db")
+        assert Lease(successor.journal, "b", ttl_s=30).renew()
+        other = Doubt("unmatched", "instance:other", "another no rule matches", key={"n": 2})
+        with pytest.raises(StaleLeader, match="held by b"):
+            leader.controller.escalator.raise_all([other], {}, {}, now + 60)
+        escalator = leader.controller.escalator
+        with pytest.raises(StaleLeader, match="held by b"):
+            escalator.resolve_cleared([], {}, now + 60)  # to a, odd no longer holds
+        pending = successor.journal.escalations.recent(status="pending")
+        assert [e["id"] for e in pending] == [raised]  # nothing raised, nothing resolved
+    finally:
+        leader.close()
+        successor.close()
