@@ -107,6 +107,16 @@ def test_an_abnormal_sensor_is_a_sensing_failure() -> None:
     assert [d.kind for d in out.doubts] == ["sensing_failure"]
 
 
+def test_an_ok_sensor_no_normal_pattern_covers_is_unmatched_not_a_sensing_failure() -> None:
+    # rules without the shipped `normal: {sensor: {state: ok}}`: the sensor works and nothing
+    # is held, so saying "fleet changes are held until it recovers" would be false
+    facts = [fact("sensor", name="provider", state="ok")]
+    out = run(facts, [Match("abnormal:sensor", {"m": "sensor:provider"})])
+    [doubt] = out.doubts
+    assert doubt.kind == "unmatched" and doubt.subject == "sensor:provider"
+    assert "held" not in doubt.summary and "no rule covers it" in doubt.summary
+
+
 def test_priority_resolves_two_actions_on_one_target() -> None:
     facts = [fact("instance", "b", daemon="down")]
     out = run(facts, [fired("restart", instance="b"), fired("replace-first", instance="b")])

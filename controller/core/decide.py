@@ -89,7 +89,7 @@ def unmatched(matches: Sequence[Match], facts: dict[str, dict[str, Any]]) -> lis
             key = {k: v for k, v in key.items() if k not in RUNNING_ONLY_KEY_FIELDS}
         summary = f"{kind} {fact.get('id')} is outside the declared steady state and no rule "
         summary += f"covers it ({shown})" if shown else "covers it"
-        if kind == "sensor":
+        if kind == "sensor" and fact.get("state") != "ok":  # an ok one is only unmatched
             what = SENSOR_WORDS.get(str(fact.get("name")), f"sensor {fact.get('name')}")
             summary = (f"{what} {fact.get('state')}: {fact.get('detail') or 'no detail'}; fleet "
                        "changes are held until it recovers")  # fmt: skip
