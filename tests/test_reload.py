@@ -57,6 +57,62 @@ def test_a_good_edit_takes_effect_and_a_bad_one_keeps_the_last_good_rules(tmp_pa
         app.close()
 
 
+def test_a_bad_edit_undone_is_journaled_as_a_good_reload(tmp_path: Path) -> None:
+    # the undone files read as the rules in force: nothing new to load, but the journal's last
+    # word (the dashboard's "reload failed") must not stay the failure
+    rules = rules_copy(tmp_path)
+    app = assemble(Config(), state=tmp_path / "state", clock=time.time, sleep=time.sleep,
+                   seed=7, rules=[str(rules)])  # fmt: skip
+    try:
+        ctl = app.controller
+        first = ctl.rules.book.digest
+        crashes = rules / "crashes.yaml"
+        good = crashes.read_text()
+        touch_later(crashes, good.replace("restarts_1h: {lt: 3}", "restarts_1h: {greater: 3}"))
+        ctl.tick()
+        touch_later(crashes, good)
+        ctl.tick()
+        touch_later(crashes, good)  # touched again, unchanged: nothing more to say
+        ctl.tick()
+        reloads = app.journal.meta.reloads()
+        assert [(r["ok"], r["digest"]) for r in reloads] == [(0, first), (1, first)]
+        assert ctl.rules.book.digest == first
+    finally:
+        app.close()
+
+
+def test_a_file_emptied_mid_save_keeps_its_rules_until_it_holds_rules_again(
+    tmp_path: Path,
+) -> None:
+    # an editor truncates, then writes: every file caught at 0 bytes would load as no rules
+    rules = rules_copy(tmp_path)
+    app = assemble(Config(), state=tmp_path / "state", clock=time.time, sleep=time.sleep,
+                   seed=7, rules=[str(rules)])  # fmt: skip
+    try:
+        ctl = app.controller
+        first, count_before = ctl.rules.book.digest, len(ctl.rules.book.rules)
+        texts = {f: f.read_text() for f in rules.glob("*.yaml")}
+        for f in texts:
+            touch_later(f, "")
+        ctl.tick()
+        assert ctl.rules.book.digest == first and len(ctl.rules.book.rules) == count_before
+        [failed] = app.journal.meta.reloads()
+        assert failed["ok"] == 0 and "crashes.yaml: is empty, but rules" in failed["problems"]
+        assert "delete the file to drop its rules" in failed["problems"]
+        for f, text in texts.items():
+            touch_later(f, text.replace("confidence: 0.95", "confidence: 0.96"))
+        ctl.tick()
+        assert ctl.rules.book.digest != first and len(ctl.rules.book.rules) == count_before
+        # a file deleted is its rules withdrawn
+        gone = len([r for r in ctl.rules.book.rules if r.path.endswith("crashes.yaml")])
+        (rules / "crashes.yaml").unlink()
+        ctl.tick()
+        assert gone and len(ctl.rules.book.rules) == count_before - gone
+        assert [r["ok"] for r in app.journal.meta.reloads()] == [0, 1, 1]
+    finally:
+        app.close()
+
+
 def count(db: Path, table: str) -> int:
     try:
         return int(sqlite3.connect(db).execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])

@@ -142,6 +142,7 @@ class RulesSource:
         self.book = read_rulebook(self.paths, self.settings)
         self.engine = _engine(self.book, self._where())
         self._seen = _files_digest(self.paths)
+        self._failed = False  # the last reload failed (the journal's last word is a failure)
         self.check_every_s = check_every_s  # wall-clock seconds between looks at the files
         self._looked_at = time.monotonic()
 
@@ -167,21 +168,55 @@ class RulesSource:
             return None
         self._seen = _files_digest(self.paths)
         try:
+            self._check_not_emptied()
             book = read_rulebook(self.paths, self.settings)
             if book.digest == self.book.digest:
-                return None  # touched, not changed
+                return self._back_in_force()  # touched, not changed; or a bad edit undone
             engine = _engine(book, self._where())
         except RulesError as exc:
             log.error("rules reload failed; the last good rules (%s) stay in force:\n%s",
                       self.book.digest, exc)  # fmt: skip
+            self._failed = True
             return Reload(False, self.book.digest, self._seen, str(exc))
         except Exception as exc:  # noqa: BLE001 - the files are input: a failed reload, never a failed tick
             log.exception("rules reload failed; the last good rules (%s) stay in force",
                           self.book.digest)  # fmt: skip
             why = show(str(exc))
+            self._failed = True
             return Reload(False, self.book.digest, self._seen,
                           f"{self._where()}: the rules could not be read: "
                           f"{type(exc).__name__}: {why}")  # fmt: skip
-        self.book, self.engine = book, engine
+        self.book, self.engine, self._failed = book, engine, False
         log.info("rules reloaded: %s (%d rules)", book.digest, len(book.rules))
         return Reload(True, book.digest, book.digest)
+
+    def _back_in_force(self) -> Reload | None:
+        """The files read as the rules in force. After a failed reload that is news (the edit
+        was undone: the journal's last reload must not stay a failure); else nothing changed."""
+        if not self._failed:
+            return None
+        self._failed = False
+        log.info("rules files read as the rules in force again (%s, %d rules): the failed "
+                 "edit is undone", self.book.digest, len(self.book.rules))  # fmt: skip
+        return Reload(True, self.book.digest, self.book.digest)
+
+    def _check_not_emptied(self) -> None:
+        """A file whose rules are in force and that is now empty is a save caught half way (an
+        editor truncates, then writes), not rules withdrawn: loading it would drop its rules
+        for a tick. Deleting the file is how its rules are withdrawn."""
+        held = {rule.path for rule in self.book.rules}
+        problems = []
+        for f in rule_files(self.paths):
+            try:
+                empty = str(f) in held and f.stat().st_size == 0
+            except OSError:
+                continue  # missing: read_rulebook says so
+            if empty:
+                why = (
+                    "is empty, but rules from it are in force (a save under way?); the "
+                    "last good rules stay until it holds rules again; delete the file to "
+                    "drop its rules"
+                )
+                problems.append(Problem(str(f), 0, why))
+        if problems:
+            raise RulesError(problems)
