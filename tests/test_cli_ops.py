@@ -137,6 +137,29 @@ def test_read_commands_work_with_broken_rules_or_an_unset_secret(
     assert "Traceback" not in out.stderr and out.stdout.strip()
 
 
+def test_read_commands_read_the_rules_with_the_configs_settings(
+    tmp_path: Path, journal_dir: Path
+) -> None:
+    # rules whose parameter reads a setting only the config sets load for `run`: `status`
+    # must not warn that `run` refuses them
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules, ignore=shutil.ignore_patterns("tests"))
+    (rules / "zz-tell.yaml").write_text(
+        "rules:\n  - name: tell\n    when: {demand: {pending: {gt: 0}}}\n"
+        "    then: {action: notify, message: 'over {{ settings.queue_alarm }}'}\n"
+        "    confidence: 0.9\n"
+    )
+    with_it = config(tmp_path, f"rules: ['{rules}']\nsettings: {{queue_alarm: 50}}\n")
+    out = ok(fg("--config", str(with_it), "--state", str(journal_dir), "status"))
+    assert "warning" not in out.stderr, out.stderr
+    without = tmp_path / "bare.yaml"
+    without.write_text(f"rules: ['{rules}']\n")
+    out = ok(fg("--config", str(without), "--state", str(journal_dir), "status"))
+    assert "zz-tell.yaml:4: rule 'tell': parameter 'message': unknown setting 'queue_alarm'" in (
+        out.stderr
+    ), out.stderr
+
+
 def test_pause_and_resume_work_with_broken_rules_or_an_unset_secret(
     broken: tuple[Path, str], tmp_path: Path, journal_dir: Path
 ) -> None:

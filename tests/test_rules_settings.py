@@ -263,3 +263,100 @@ def test_read_rulebook_names_where_overrides_came_from(tmp_path: Path) -> None:
     (tmp_path / "idle.yaml").write_text(IDLE)
     with pytest.raises(RulesError, match="the test file's settings sets it to 'x'"):
         read_rulebook([tmp_path], {"idle_wait_s": "x"}, "the test file's settings")
+
+
+# -- settings in parameters ----------------------------------------------------------------------
+
+TELL = """\
+settings: {floor: 1}
+rules:
+  - name: tell
+    when: {demand: {pending: {gt: 0}}}
+    then:
+      action: notify
+      message: "MESSAGE"
+    confidence: 0.9
+"""
+
+
+def test_a_parameter_reading_a_setting_nobody_sets_is_an_error_at_its_line() -> None:
+    # it would fail at every tick as a rule error; `check` says so at the parameter's line
+    text = TELL.replace("MESSAGE", "{{ settings.flor }} at least")
+    assert problems([("rules/tell.yaml", text)]) == [
+        "rules/tell.yaml:7: rule 'tell': parameter 'message': unknown setting 'flor' (set: "
+        "floor, tasks_per_instance; `settings.flor | default(...)` if it may be absent)"
+    ]
+    indexed = TELL.replace("MESSAGE", "{{ settings['flor'] }}")
+    assert "unknown setting 'flor'" in problems([("rules/tell.yaml", indexed)])[0]
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "{{ settings.floor }} and {{ settings.tasks_per_instance }}",  # a file's, the built-in
+        "{{ settings.extra | default(3) }}",
+        "{{ settings.extra | d(3) }}",
+        "{{ settings.extra if settings.extra is defined else 3 }}",
+        "{{ settings.get('extra', 3) }}",
+    ],
+)
+def test_a_parameter_may_read_a_setting_that_is_set_or_say_what_stands_in(expr: str) -> None:
+    book = load_texts([("rules/tell.yaml", TELL.replace("MESSAGE", f"at least {expr}"))])
+    facts = [fact("demand", pending=1)]
+    matches = Engine(book).match(facts, 0.0)
+    props, doubts = proposals_from(matches, {f["id"]: f for f in facts}, book,
+                                   DecideSettings(), 0.0)  # fmt: skip
+    assert not doubts and [p.action for p in props] == ["notify"]
+
+
+def test_a_parameter_may_read_a_setting_only_the_config_sets() -> None:
+    text = TELL.replace("MESSAGE", "{{ settings.extra }}")
+    assert "unknown setting 'extra'" in problems([("rules/tell.yaml", text)])[0]
+    book = load_texts([("rules/tell.yaml", text)], {"extra": 3})
+    assert book.rules[0].params["message"].settings == {"extra"}
+
+
+def test_the_configs_new_settings_reach_the_rules_conditions(tmp_path: Path) -> None:
+    # SIGHUP applies `settings` at once: the rules are read again with them, so a condition
+    # comparing with a file's setting the config overrides follows the new value
+    path = tmp_path / "idle.yaml"
+    path.write_text(IDLE)
+    source = RulesSource([path], settings={"idle_wait_s": 60})
+    before = source.book.digest
+    assert source.reload() is None  # nothing changed
+    source.use_settings({"idle_wait_s": 900})
+    reloaded = source.reload()
+    assert reloaded is not None and reloaded.ok and reloaded.digest == before
+    assert (fires(source.book, 899.0), fires(source.book, 900.0)) == (False, True)
+    source.use_settings({"idle_wait_s": "soon"})  # does not fit: the last good rules stay
+    reloaded = source.reload()
+    assert reloaded is not None and not reloaded.ok and "'soon'" in reloaded.problems
+    assert (fires(source.book, 899.0), fires(source.book, 900.0)) == (False, True)
+
+
+def test_sighup_reads_the_rules_with_the_configs_new_settings(tmp_path: Path) -> None:
+    import time
+
+    from controller.service.assemble import assemble
+    from controller.service.config import load_config
+    from controller.service.hup import ConfigReload
+
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "idle.yaml").write_text(IDLE)
+    cfg = tmp_path / "fleetgate.yaml"
+    cfg.write_text(f"rules: ['{rules}']\nsettings: {{idle_wait_s: 300}}\n")
+    app = assemble(load_config(str(cfg)), state=tmp_path / "s", clock=time.time,
+                   sleep=time.sleep, config_path=str(cfg))  # fmt: skip
+    try:
+        assert app.controller.rules.book.settings["idle_wait_s"] == 300
+        cfg.write_text(f"rules: ['{rules}']\nsettings: {{idle_wait_s: 1200}}\n")
+        hup = ConfigReload(app, str(cfg))
+        hup.request()
+        assert hup.apply() is not None
+        app.controller.tick()
+        book = app.controller.rules.book
+        assert book.settings["idle_wait_s"] == 1200
+        assert (fires(book, 1199.0), fires(book, 1200.0)) == (False, True)
+    finally:
+        app.close()

@@ -133,11 +133,15 @@ def demoted(gate: Gate, actions: Iterable[str]) -> Gate:
     return gate.model_copy(update={"actions": {**gate.actions, **down}})
 
 
+# the values rules read as `settings.NAME` when neither the config nor a rules file sets them
+BUILTIN_VALUES: dict[str, Any] = {"tasks_per_instance": 2}
+
+
 class DecideSettings(_Strict):
     gate: Gate = Gate()
     autonomy: Autonomy = Autonomy()
     guards: Guards = Guards()
     values: dict[str, Any] = Field(
-        default_factory=lambda: {"tasks_per_instance": 2},
+        default_factory=lambda: dict(BUILTIN_VALUES),
         description="named values rules read as `settings.NAME`",
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +48,7 @@ class ExprError(ValueError):
 class Expr:
     source: Any
     names: frozenset[str]  # top-level variables it reads
+    settings: frozenset[str] = frozenset()  # `settings.NAME` it reads with no fallback
 
     def evaluate(self, context: dict[str, Any]) -> Any:
         if not isinstance(self.source, str) or "{{" not in self.source:
@@ -101,11 +102,12 @@ def compile_expr(value: Any) -> Expr:
         else:
             _ENV.compile_expression(source[2:-2])
         names = frozenset(meta.find_undeclared_variables(ast))
+        read = frozenset(settings_read(ast))
     except jinja2.TemplateError as exc:
         raise ExprError(f"bad expression {value!r}: {exc.message or exc}") from exc
     except (RecursionError, MemoryError) as exc:
         raise ExprError(f"bad expression {value[:60]!r}: nested too deeply") from exc
-    return Expr(value, names)
+    return Expr(value, names, read)
 
 
 # -- load-time checks: evaluate what is constant ----------------------------------------------
@@ -123,6 +125,64 @@ def field_problem(ast: nodes.Template) -> str | None:
                 return (
                     f"unknown field {node.attr[:40]!r} for {kind} facts (expected one of {known})"
                 )
+    return None
+
+
+_FALLBACK_FILTERS = ("default", "d")
+_PRESENCE_TESTS = ("defined", "undefined", "none")
+
+
+def settings_read(ast: nodes.Node) -> set[str]:
+    """The names of `settings.NAME` (or `settings['NAME']`) read where a missing one is an error:
+    not under `| default(...)`, not `settings.get('NAME')`, and not tested anywhere in the
+    expression with `is defined` (`settings.x if settings.x is defined else 1`). Which names
+    the rules define is known only once every file is read (`controller.rules.settings`)."""
+    read: set[str] = set()
+    guarded: set[str] = set()
+    for name, safe in _setting_uses(ast):
+        (guarded if safe else read).add(name)
+    return read - guarded
+
+
+def _setting_uses(node: nodes.Node, guarded: bool = False) -> Iterator[tuple[str, bool]]:
+    if isinstance(node, nodes.Filter) and node.name in _FALLBACK_FILTERS:
+        guarded_child: nodes.Node | None = node.node
+    elif isinstance(node, nodes.Test) and node.name in _PRESENCE_TESTS:
+        guarded_child = node.node
+    else:
+        guarded_child = None
+    name = _setting_name(node)
+    if name is not None:
+        yield name, guarded
+        return
+    callee = node.node if isinstance(node, nodes.Call) else None
+    if (
+        isinstance(node, nodes.Call)
+        and isinstance(callee, nodes.Getattr)
+        and _is_settings(callee.node)
+    ):
+        # `settings.get(...)`: a method of the mapping, not a setting
+        for child in [*node.args, *node.kwargs]:
+            yield from _setting_uses(child)
+        return
+    for child in node.iter_child_nodes():
+        yield from _setting_uses(child, child is guarded_child)
+
+
+def _is_settings(node: nodes.Node) -> bool:
+    return isinstance(node, nodes.Name) and node.name == "settings"
+
+
+def _setting_name(node: nodes.Node) -> str | None:
+    if isinstance(node, nodes.Getattr) and _is_settings(node.node):
+        return str(node.attr)
+    if (
+        isinstance(node, nodes.Getitem)
+        and _is_settings(node.node)
+        and isinstance(node.arg, nodes.Const)
+        and isinstance(node.arg.value, str)
+    ):
+        return node.arg.value
     return None
 
 

@@ -68,6 +68,7 @@ class Rule:
     path: str
     line: int
     for_s: float | None = None  # `for:`: the condition must have held this long to fire
+    param_lines: dict[str, int] = field(default_factory=dict)  # each parameter's line
 
     @property
     def kinds(self) -> tuple[str, ...]:

@@ -111,7 +111,7 @@ def _parse_rule(col: Collector, raw: Any, line: int) -> Rule | None:
     return Rule(
         name=str(name), description=str(description or "").strip(), when=dict(when),
         action=params[0], params=params[1], confidence=float(confidence), priority=int(priority),
-        path=col.path, line=line, for_s=for_s,
+        path=col.path, line=line, for_s=for_s, param_lines=params[2],
     )  # fmt: skip
 
 
@@ -185,9 +185,9 @@ def _check_numbers(
 
 def _parse_then(
     col: Collector, then: Any, line: int, rule: str | None, kinds: tuple[str, ...] | None
-) -> tuple[str, dict[str, Expr]] | None:
-    """The action and its parameters. `kinds` is None when `when` is broken (its problems are
-    already reported; checking expressions against it would only add noise)."""
+) -> tuple[str, dict[str, Expr], dict[str, int]] | None:
+    """The action, its parameters and their lines. `kinds` is None when `when` is broken (its
+    problems are already reported; checking expressions against it would only add noise)."""
     if then is None:
         return None
     if not isinstance(then, dict) or not isinstance(then.get("action"), str):
@@ -202,6 +202,7 @@ def _parse_then(
         return None
     fields = {f.alias or n: f for n, f in schema.model_fields.items()}
     params: dict[str, Expr] = {}
+    lines: dict[str, int] = {}
     for key, value in then.items():
         if key == "action":
             continue
@@ -210,11 +211,11 @@ def _parse_then(
         if problem:
             col.add(kline, problem, rule)
             continue
-        params[key] = compile_expr(value)
+        params[key], lines[key] = compile_expr(value), kline
     missing = [k for k, f in fields.items() if f.is_required() and k not in then]
     if missing:
         col.add(aline, f"action {action!r} needs {', '.join(missing)}", rule)
-    return action, params
+    return action, params, lines
 
 
 def _param_problem(

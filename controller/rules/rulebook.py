@@ -30,6 +30,7 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from controller.core.policy import BUILTIN_VALUES
 from controller.rules import never
 from controller.rules import settings as settings_
 from controller.rules.compile import definition
@@ -81,7 +82,7 @@ def load_texts(
                 )
             )
         seen[rule.name] = rule
-    problems += settings_.check(rules, defined, overrides or {}, origin)
+    problems += settings_.check(rules, defined, overrides or {}, origin, BUILTIN_VALUES)
     if problems:
         raise RulesError(problems)
     frozen_normal = {k: tuple(v) for k, v in normal.items()}

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,9 +120,10 @@ def effective(defined: Mapping[str, Setting], overrides: Mapping[str, Any]) -> d
 
 
 def check(rules: list[Rule], defined: Mapping[str, Setting], overrides: Mapping[str, Any],
-          origin: str) -> list[Problem]:  # fmt: skip
+          origin: str, builtin: Iterable[str] = ()) -> list[Problem]:  # fmt: skip
     """Unknown settings, and values that do not fit where they are used (`origin` says where
-    `overrides` come from, for the message)."""
+    `overrides` come from, for the message). A condition names a setting a file defines; a
+    parameter may also read one only the overrides (the config's) or `builtin` give."""
     values = effective(defined, overrides)
     known = ", ".join(sorted(defined)) or "none: define it under a file's top-level 'settings'"
     problems: list[Problem] = []
@@ -138,4 +139,13 @@ def check(rules: list[Rule], defined: Mapping[str, Setting], overrides: Mapping[
             src = f"{origin} sets it to" if use.name in overrides else "it is"
             message = f"field {use.field!r}: setting {use.name!r}: {src} {show(value)}, but {why}"
             problems.append(Problem(*where, message, use.rule.name))
+    readable = set(defined) | set(overrides) | set(builtin)
+    shown = ", ".join(sorted(readable)) or "none"
+    for rule in rules:  # a parameter reading one nobody sets would fail at every tick
+        for key, expr in rule.params.items():
+            for name in sorted(expr.settings - readable):
+                message = (f"parameter {key!r}: unknown setting {name!r} (set: {shown}; "
+                           f"`settings.{name} | default(...)` if it may be absent)")  # fmt: skip
+                problems.append(Problem(rule.path, rule.param_lines.get(key, rule.line),
+                                        message, rule.name))  # fmt: skip
     return problems

@@ -149,6 +149,12 @@ class RulesSource:
     def _where(self) -> str:
         return ", ".join(str(p) for p in self.paths) or "(no rules paths)"
 
+    def use_settings(self, settings: Mapping[str, Any]) -> None:
+        """The config's settings changed (SIGHUP): the next `reload()` reads the rules with
+        them, as conditions compare with the values their book was built with."""
+        self.settings = dict(settings)
+        self.force()
+
     def force(self) -> None:
         """Read the files again on the next `reload()`, changed or not (SIGHUP)."""
         self._seen = ""
@@ -170,7 +176,7 @@ class RulesSource:
         try:
             self._check_not_emptied()
             book = read_rulebook(self.paths, self.settings)
-            if book.digest == self.book.digest:
+            if book.digest == self.book.digest and book.settings == self.book.settings:
                 return self._back_in_force()  # touched, not changed; or a bad edit undone
             engine = _engine(book, self._where())
         except RulesError as exc:

@@ -82,6 +82,8 @@ class ConfigReload:
         values = {**DecideSettings().values, **app.config.settings}
         app.controller.settings = old.model_copy(update={"gate": app.config.gate,
                                                          "values": values})  # fmt: skip
+        if "settings" in keys:  # the rules' conditions compare with the values they were read with
+            app.controller.rules.use_settings(app.config.settings)
 
     def _record(self, doc: dict[str, Any]) -> dict[str, Any]:
         self.app.journal.meta.put(KEY, doc)

@@ -134,7 +134,7 @@ def rules_problem(config: Config) -> str | None:
 
         return f"rules: {str(absent[0])!r} is neither a rules file nor a folder{RULES_HINT}"
     try:
-        read_rulebook(paths)
+        read_rulebook(paths, config.settings)  # as `run` reads them: with the config's values
     except RulesError as exc:
         lines = str(exc).splitlines()
         more = f" (and {len(lines) - 1} more: `fleetgate check`)" if len(lines) > 1 else ""
