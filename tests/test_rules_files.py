@@ -413,9 +413,16 @@ rules:
             "gt 2 and lt 3 exclude each other (counts are whole numbers)",
         ),
         ("dph: {gte: 2, lte: 1.5}", "field 'dph': gte 2 and lte 1.5 exclude each other"),
-        ("restarts_1h: {gt: 3, eq: 2}", "field 'restarts_1h': eq 2 is outside what it may be"),
+        (
+            "restarts_1h: {gt: 3, eq: 2}",
+            "field 'restarts_1h': eq 2 is outside what it may be (restarts_1h is a whole "
+            "number at least 0, gt 3)",
+        ),
         ("restarts_1h: 1.5", "field 'restarts_1h': eq 1.5 is outside what it may be"),
-        ("restarts_1h: {in: [-1, -2]}", "no value of in [-1, -2] is possible"),
+        (
+            "restarts_1h: {in: [-1, -2]}",
+            "none of in [-1, -2] is possible (restarts_1h is a whole number at least 0)",
+        ),
         ("restarts_1h: {eq: '3'}", "restarts_1h holds number, never text '3'"),
         ("drained: 'no'", "field 'drained': drained holds bool, never text 'no'"),
         ("label: {gt: 3}", "field 'label': gt compares numbers, and label holds text"),

@@ -164,13 +164,14 @@ def _numbers(fld: str, field: FieldInfo, cond: Mapping[str, Any]) -> str | None:
         shown = " and ".join(f"{op} {v:g}" for op, v in bounds)
         return f"{shown} exclude each other" + (" (counts are whole numbers)"
                                                if field.integer else "")  # fmt: skip
+    within = _range(fld, field) + "".join(f", {op} {v:g}" for op, v in bounds)
     if "eq" in cond and not span.holds(float(cond["eq"]), field.integer):
-        return f"eq {cond['eq']!r} is outside what it may be ({_range(fld, field)}, and the bounds)"
+        return f"eq {cond['eq']!r} is outside what it may be ({within})"
     if "eq" in cond and "neq" in cond and cond["eq"] == cond["neq"]:
         return f"eq and neq {cond['eq']!r} together"
     values = cond.get("in")
     if isinstance(values, list) and values:
         numbers = [float(v) for v in values if type_of(v) == "number"]
         if numbers and not any(span.holds(v, field.integer) for v in numbers):
-            return f"no value of in {values!r} is possible ({_range(fld, field)}, and the bounds)"
+            return f"none of in {values!r} is possible ({within})"
     return None
