@@ -230,6 +230,16 @@ def test_links_to_this_machines_loopback_are_a_warning_at_check_and_at_start(
     )
     assert "api.listen is 0.0.0.0:8765" in said["any.yaml"]
     assert said["public.yaml"] == said["local.yaml"] == ""
-    code, _, err = fleetgate(capsys, "--config", str(tmp_path / "loopback.yaml"), "--state",
+    # `run` binds the API: on a port of its own (8765 may be another fleetgate's on this host)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    running = tmp_path / "running.yaml"
+    running.write_text(
+        cases["loopback.yaml"].replace("api: {", f"api: {{listen: '127.0.0.1:{port}', ")
+    )
+    code, _, err = fleetgate(capsys, "--config", str(running), "--state",
                              str(tmp_path / "r"), "run", "--ticks", "1")  # fmt: skip
-    assert code == 0 and "WARNING api.public_url is not set and api.listen is 127.0.0.1" in err
+    assert (
+        code == 0 and f"WARNING api.public_url is not set and api.listen is 127.0.0.1:{port}" in err
+    )
