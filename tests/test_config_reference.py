@@ -108,3 +108,15 @@ def test_a_comment_beside_a_field_is_its_meaning() -> None:
 
     assert ref._comment(Commented, "count") == "how many, at most per tick"
     assert ref._comment(Commented, "other") is None
+
+
+def test_a_choice_s_meaning_names_only_values_the_config_accepts() -> None:
+    """A word in backquotes in the meaning of a `one of` key is one of its values, a key, or
+    another key's value: never a value no key accepts (email's security once read `ssl`)."""
+    rows = _rows()
+    values = {v for kind, _, _ in rows.values() for v in re.findall(r"`([^`]+)`", kind)}
+    names = {part for key in rows for part in re.split(r"[.\[\] ():]+", key) if part}
+    for key, (kind, _, meaning) in rows.items():
+        if kind.startswith("one of"):
+            for word in re.findall(r"`([^`]+)`", meaning):
+                assert word in values or word in names, (key, word)

@@ -85,7 +85,7 @@ MEANINGS: dict[str, str] = {
     "LLMSettings.max_calls_per_hour": "most LLM calls in any hour; past it, people are asked",
     "LLMSettings.max_tokens_per_day": "most tokens a day; past it, people are asked",
     "LLMSettings.temperature": "sampling temperature",
-    "EmailSettings.security": "`starttls`, `ssl` or `none` (loopback relays only)",
+    "EmailSettings.security": "`starttls`, `tls` (SMTPS) or `none` (loopback relays only)",
     "EmailSettings.username": "SMTP login, when the server wants one",
     "EmailSettings.password": "SMTP password",
     "EmailSettings.sender": "the From address",
