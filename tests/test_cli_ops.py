@@ -776,6 +776,38 @@ def test_a_real_fleets_first_tick_says_it_made_a_new_journal(tmp_path: Path) -> 
         assert "new journal" not in again.stderr
 
 
+def test_a_tick_without_the_fleets_config_is_refused_on_its_journal(tmp_path: Path) -> None:
+    """`fleetgate --state /var/lib/fleetgate tick` with the --config left out ran the
+    simulator on the real fleet's journal: its listing lacked the rented instances, so they
+    were recorded as gone, and the next real tick left them, still rented, as not fleetgate's.
+    The journal notes its provider; a config of another is refused, changing nothing."""
+    from fakes.curio_db import CurioDB
+    from fakes.vast_server import FakeVast, offer
+
+    dsn = os.environ.get("FLEETGATE_TEST_PG_DSN",
+                         "host=127.0.0.1 port=5432 dbname=test user=postgres")  # fmt: skip
+    with FakeVast(offers=[offer(101)]) as vast, CurioDB(dsn) as curio:
+        curio.post("PoRep", 1)
+        cfg, env = real_fleet(tmp_path, vast, curio, dsn)
+        state = tmp_path / "state"
+        for _ in range(2):  # the launch, then its instance listed
+            ok(fg("--config", str(cfg), "--state", str(state), "tick", env=env))
+        before = ok(fg("--config", str(cfg), "--state", str(state), "status", env=env)).stdout
+        assert "instances 1 " in before, before
+        for command in ("tick", "explain"):
+            out = fg("--state", str(state), command)
+            assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+            assert "records the fleet of provider 'vast', and the config's provider is " \
+                   "'sim'" in out.stderr, out.stderr  # fmt: skip
+        ok(fg("--config", str(cfg), "--state", str(state), "tick", env=env))
+        after = ok(fg("--config", str(cfg), "--state", str(state), "status", env=env)).stdout
+        assert "instances 1 " in after and "not fleetgate's" not in after, after
+    sim_state = tmp_path / "sim"
+    ok(fg("--state", str(sim_state), "tick"))
+    out = fg("--config", str(cfg), "--state", str(sim_state), "tick", env=env)
+    assert out.returncode == 2 and "records the fleet of provider 'sim'" in out.stderr
+
+
 def test_each_commands_help_says_what_it_does_and_where_the_state_is() -> None:
     """`fleetgate run --help` (and every command's) opens with what the command does, as the
     top-level list says it; --state names every place it comes from, in the order used

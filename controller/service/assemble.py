@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 
 SIM_KEY = "sim.state"  # the simulated world, saved after every tick
 AGENTS_KEY = "sim.agents"  # its agents
+PROVIDER_KEY = "provider"  # the provider whose fleet the journal records, noted at first use
 T = TypeVar("T")
 
 
@@ -113,6 +114,10 @@ def assemble(
                     "journal it uses", _journal_where(config, state))  # fmt: skip
     closers: list[Callable[[], None]] = []
     try:
+        if not dry:
+            # a person's command (explain, an answer) writes no note: the controller's do
+            where = _journal_where(config, state)
+            same_provider(config, journal, where, mark=not (read_only or person))
         escalator = _escalator(config, config_path, state, journal, renderer, channels, clock,
                                sleep, dry)  # fmt: skip
         if isinstance(escalator.reader, LLMClient):
@@ -264,6 +269,22 @@ def open_journal(config: Config, state: Path, *, read_only: bool = False,
     section = config.journal
     return Journal(PostgresStore(section.dsn.get_secret_value(), section.schema_name,
                                  section.connect_timeout_s))  # fmt: skip
+
+
+def same_provider(config: Config, journal: Journal, where: str, *, mark: bool) -> None:
+    """A `JournalError` if the journal records another provider's fleet than the config's
+    (a forgotten --config runs the simulator: its listing lacks every real instance, so they
+    were recorded as gone and left, still rented, as foreign); else, with `mark`, note the
+    config's provider in a journal that has none noted (one from before the note is taken
+    to be the config's: a guess from what it holds could refuse the fleet it records)."""
+    stored = journal.meta.get(PROVIDER_KEY)
+    if stored is not None and stored != config.provider:
+        raise JournalError(f"journal ({where}) records the fleet of provider {stored!r}, and "
+                           f"the config's provider is {config.provider!r}: give the config "
+                           f"that runs it (--config), or another --state (or journal:) for "
+                           f"a {config.provider} fleet")  # fmt: skip
+    if mark and stored is None:
+        journal.meta.put(PROVIDER_KEY, config.provider)
 
 
 def _no_journal_yet(config: Config, state: Path) -> bool:
