@@ -126,3 +126,23 @@ def test_the_real_fleet_block_is_a_valid_config_once_uncommented(tmp_path: Path)
     assert config.vast is not None and config.curio is not None and config.api is not None
     keys = {ln.split(":")[0] for ln in text.splitlines() if ln and ln[0].isalpha()}
     assert keys <= set(Config.model_fields)
+
+
+def test_the_next_commands_run_when_pasted_from_a_fleetgate_on_no_path(tmp_path: Path) -> None:
+    """`/opt/fleetgate/bin/fleetgate init /etc/fleetgate` (the service's install steps) printed
+    `fleetgate --config ... check`, which a shell without the venv on its PATH cannot find:
+    the commands name the fleetgate that ran, as it was run, unless PATH finds that one."""
+    exe = str(Path(sys.executable).with_name("fleetgate"))
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([exe, "init", str(tmp_path / "etc")], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    commands = [line.strip() for line in out.stdout.splitlines() if line.startswith("  ")]
+    assert len(commands) == 3 and all(c.startswith(f"{exe} --config ") for c in commands)
+    check = subprocess.run(["/bin/sh", "-c", commands[0]], env=env, cwd=tmp_path,
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert check.returncode == 0 and check.stdout.startswith("ok: "), check.stderr
+    found = {"PATH": f"{Path(exe).parent}:/usr/bin:/bin"}  # on PATH: the short name
+    out = subprocess.run([exe, "init", str(tmp_path / "etc2")], env={**env, **found},
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert "\n  fleetgate --config " in out.stdout, out.stdout

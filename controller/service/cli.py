@@ -34,6 +34,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -638,7 +639,7 @@ def _prune(args: argparse.Namespace, config: Config, state: Path) -> int:
 
 def _init(args: argparse.Namespace) -> int:
     """`fleetgate init DIR` (controller/service/initdir.py); 1 when it would overwrite."""
-    from controller.service.initdir import InitError, init
+    from controller.service.initdir import InitError, init, program
 
     try:
         written = init(Path(args.dir), force=args.force)
@@ -648,7 +649,8 @@ def _init(args: argparse.Namespace) -> int:
     print(f"wrote {written.config} and {len(written.rules)} rules file(s) with "
           f"{len(written.tests)} test file(s) in {written.config.parent / 'rules'}")  # fmt: skip
     print("next:")
-    for command in written.next_commands(str(written.config)):
+    run = program(sys.argv[0], shutil.which("fleetgate"))
+    for command in written.next_commands(str(written.config), run):
         print(f"  {command}")
     return 0
 

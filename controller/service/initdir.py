@@ -29,12 +29,24 @@ class Written:
     rules: list[Path]
     tests: list[Path]
 
-    def next_commands(self, shown: str) -> list[str]:
-        """What to run next, with the config as `shown` (the path the operator typed)."""
-        cfg = shlex.quote(shown)
-        return [f"fleetgate --config {cfg} check",
-                f"fleetgate --config {cfg} test-rules",
-                f"fleetgate --config {cfg} run --ticks 5"]  # fmt: skip
+    def next_commands(self, shown: str, program: str = "fleetgate") -> list[str]:
+        """What to run next, with the config as `shown` (the path the operator typed) and
+        fleetgate as `program` (how the operator's shell finds it)."""
+        cfg, run = shlex.quote(shown), shlex.quote(program)
+        return [f"{run} --config {cfg} check",
+                f"{run} --config {cfg} test-rules",
+                f"{run} --config {cfg} run --ticks 5"]  # fmt: skip
+
+
+def program(started: str, on_path: str | None) -> str:
+    """How a shell runs this fleetgate again: `fleetgate` when that name on $PATH (`on_path`)
+    is the executable it was `started` as, else that executable's path (a venv's fleetgate,
+    /opt/fleetgate/bin/fleetgate, is on no PATH until activated)."""
+    if Path(started).name != "fleetgate":  # `python -m ...`: no script of its own to name
+        return "fleetgate"
+    if on_path is not None and Path(on_path).resolve() == Path(started).resolve():
+        return "fleetgate"
+    return started
 
 
 def starter_config(folder: Path) -> str:
