@@ -8,6 +8,7 @@ import configparser
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -880,3 +881,24 @@ def test_check_connect_reads_vast_and_curio_once_and_names_what_is_wrong(
         assert out.returncode == 1 and "failed: Curio: cannot connect" in out.stderr
         assert "check curio.dsn" in out.stderr
         assert "Traceback" not in out.stderr and not state.exists()  # nothing written
+
+
+def test_the_env_files_values_with_spaces_reach_a_cron_tick_whole(tmp_path: Path) -> None:
+    """The cron lines read /etc/fleetgate/env with sh, the service with systemd's
+    EnvironmentFile=, which takes `CURIO_DSN=host=db port=5433` unquoted: sh ran `port=5433`
+    as a second assignment and cron's tick connected to `host=db` alone. The cron file's
+    header shows the quoting both read alike; each of its examples, sourced as its lines
+    source the file, gives the value systemd reads."""
+    text = (ROOT / "deploy" / "fleetgate-tick.cron").read_text()
+    examples = [line[1:].strip() for line in text.splitlines()
+                if re.match(r"#\s+[A-Z_]+='", line)]  # fmt: skip
+    assert any(" " in line for line in examples), "the header shows no quoted value"
+    (tmp_path / "env").write_text("".join(f"{line}\n" for line in examples))
+    for line in examples:
+        name, quoted = line.split("=", 1)
+        systemd = quoted[1:-1]  # EnvironmentFile=: single quotes removed, nothing expanded
+        script = f'set -a; . ./env; set +a; printf %s "${name}"'
+        shown = subprocess.run(["/bin/sh", "-c", script], cwd=tmp_path, capture_output=True,
+                               text=True, timeout=60)  # fmt: skip
+        assert shown.stderr == "" and shown.stdout == systemd, (line, shown)
+    assert "deploy/fleetgate-tick.cron" in (ROOT / "deploy" / "fleetgate.service").read_text()
