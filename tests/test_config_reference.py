@@ -120,3 +120,12 @@ def test_a_choice_s_meaning_names_only_values_the_config_accepts() -> None:
         if kind.startswith("one of"):
             for word in re.findall(r"`([^`]+)`", meaning):
                 assert word in values or word in names, (key, word)
+
+
+def test_a_choice_s_meaning_that_names_its_values_names_them_all() -> None:
+    """gate.mode's meaning said what `act` and `propose` do, and nothing of `observe`."""
+    for key, (kind, _, meaning) in _rows().items():
+        if kind.startswith("one of"):
+            values = re.findall(r"`([^`]+)`", kind)
+            named = [v for v in values if f"`{v}`" in meaning]
+            assert not named or named == values, (key, sorted(set(values) - set(named)))

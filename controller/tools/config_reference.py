@@ -72,7 +72,7 @@ MEANINGS: dict[str, str] = {
     "VastSettings.min_reliability": "least reliability score (vast's, 0 to 1) an offer may have",
     "VastSettings.verified": "only offers from hosts vast has verified",
     "Gate.mode": "`act`: carry out what the rules decide; `propose`: every action waits for an "
-    "approval",
+    "approval; `observe`: decide and record only",
     "Gate.confidence_threshold": "a rule's proposal below this confidence is escalated instead",
     "Gate.large_change_factor": "confidence multiplier on a plan removing more than "
     "`large_change_share` of the fleet",
