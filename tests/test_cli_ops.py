@@ -379,6 +379,27 @@ def test_an_unwritable_state_directory_is_one_line(tmp_path: Path) -> None:
     ]
 
 
+def test_a_state_directory_on_a_read_only_file_system_says_so(tmp_path: Path) -> None:
+    """Under the unit's ProtectSystem=strict a --state outside StateDirectory= is read-only:
+    the line said "Permission denied", and no chmod or chown makes it writable."""
+    place = tmp_path / "ro"
+    place.mkdir()
+    mount = f"mount -t tmpfs -o ro tmpfs {shlex.quote(str(place))}"
+    if subprocess.run(["unshare", "-m", "sh", "-c", mount], capture_output=True,
+                      timeout=60).returncode != 0:  # fmt: skip
+        pytest.skip("mounting needs a mount namespace of one's own (root)")
+    command = [sys.executable, "-c", MAIN, "--state", str(place / "state"), "tick"]
+    script = f"{mount} && exec {shlex.join(command)}"
+    out = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert out.returncode == 2 and out.stdout == "", out.stderr
+    assert out.stderr.strip().splitlines() == [
+        f"fleetgate: state directory '{place / 'state'}' is not writable: Read-only file "
+        "system (under systemd's ProtectSystem=strict only ReadWritePaths= and "
+        "StateDirectory= are writable)"
+    ]
+
+
 @pytest.mark.parametrize("command", [["tick"], ["run", "--ticks", "1"]])
 def test_a_state_directory_the_system_refuses_to_create_is_one_line(command: list[str]) -> None:
     """/proc is writable by its permission bits and refuses every new directory: only trying

@@ -429,6 +429,9 @@ def _writable_state(config: Config, state: Path) -> None:
         problem = "Not a directory"
     elif not os.access(probe, os.W_OK | os.X_OK):
         problem = "Permission denied"
+        if os.statvfs(probe).f_flag & os.ST_RDONLY:  # chmod would not help: say where it is
+            problem = ("Read-only file system (under systemd's ProtectSystem=strict only "
+                       "ReadWritePaths= and StateDirectory= are writable)")  # fmt: skip
     if problem:
         raise StateError(f"state directory {str(state)!r} is not writable: {problem}")
 
