@@ -116,6 +116,16 @@ def test_secrets_can_come_from_a_given_environment() -> None:
         parse_config("c.yaml", text, environ={})
 
 
+def test_a_secret_s_variable_set_empty_is_said_to_be_empty() -> None:
+    """`VAST_API_KEY=` left in the env file: the error said the variable was not set (it is
+    there), and a value of spaces passed as an empty key."""
+    text = "api: {token: {env: FG_GIVEN}}\n"
+    for value in ("", "  "):
+        with pytest.raises(ConfigError) as caught:
+            parse_config("c.yaml", text, environ={"FG_GIVEN": value})
+        assert str(caught.value) == "c.yaml:1: api.token: environment variable FG_GIVEN is empty"
+
+
 def test_missing_config_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         load_config(str(tmp_path / "nope.yaml"))

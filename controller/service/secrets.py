@@ -40,8 +40,10 @@ class SecretRef(BaseModel):
         env = os.environ if environ is None else environ
         if self.env is not None:
             value = env.get(self.env)
-            if not value:
+            if value is None:
                 raise SecretError(f"environment variable {self.env} is not set")
+            if not value.strip():  # `NAME=` left in an env file: it is there, and empty
+                raise SecretError(f"environment variable {self.env} is empty")
             return _remember(value.strip())
         try:
             text = textfile.read_text(str(self.file), limit=64 * 1024)
