@@ -923,3 +923,27 @@ def test_the_env_files_values_with_spaces_reach_a_cron_tick_whole(tmp_path: Path
                                text=True, timeout=60)  # fmt: skip
         assert shown.stderr == "" and shown.stdout == systemd, (line, shown)
     assert "deploy/fleetgate-tick.cron" in (ROOT / "deploy" / "fleetgate.service").read_text()
+
+
+def test_an_escalations_commands_run_when_pasted_where_fleetgate_is_on_no_path(
+    tmp_path: Path,
+) -> None:
+    """A message said `fleetgate --config ... escalations deny 1`; a controller started as
+    .venv/bin/fleetgate (`make run`) or /opt/fleetgate/bin/fleetgate (the unit) is on no
+    shell's PATH, so the line pasted was `command not found`. It names the fleetgate that ran."""
+    exe = str(Path(sys.executable).with_name("fleetgate"))
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    shutil.copy(ROOT / "rules" / "hosts.yaml", rules)  # nothing claims the demand: escalated
+    cfg = config(tmp_path, f"rules: [{rules}]\nescalation: {{channels: [console]}}\n")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([exe, "--config", str(cfg), "--state", str(tmp_path / "state"),
+                          "--log-level", "WARNING", "tick"], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    deny = next(ln for ln in (out.stdout + out.stderr).splitlines() if ln.startswith("Deny:"))
+    command = deny.split(None, 1)[1]
+    assert command.startswith(f"{exe} --config "), command
+    pasted = subprocess.run(["/bin/sh", "-c", command], env=env, cwd=ROOT, capture_output=True,
+                            text=True, timeout=300)  # fmt: skip
+    assert pasted.returncode == 0, pasted.stderr

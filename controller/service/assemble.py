@@ -88,13 +88,15 @@ def assemble(
     dry: bool = False,
     read_only: bool = False,
     person: bool = False,
+    program: str = "fleetgate",
 ) -> App:
     """The controller `config` describes (see the module docstring). `config_path` names the
     file in errors and commands; `seed` starts a new simulated world; `rules` replaces the
     configured rules paths; `dry` builds everything without opening the journal; `read_only`
     opens an existing journal for reading only (`explain`: gather + plan writes nothing);
     `person`: for a person's command (an answer, `explain`), whose statements wait longer for
-    the running controller's writes."""
+    the running controller's writes; `program`: how a shell runs fleetgate, in the commands
+    messages print."""
     # urllib3 logs request paths at DEBUG, and a webhook's path is a secret: whoever embeds
     # the controller with DEBUG logging must not leak it
     logging.getLogger("urllib3").setLevel(max(logging.getLogger("urllib3").level, logging.WARNING))
@@ -119,7 +121,7 @@ def assemble(
             where = _journal_where(config, state)
             same_provider(config, journal, where, mark=not (read_only or person))
         escalator = _escalator(config, config_path, state, journal, renderer, channels, clock,
-                               sleep, dry)  # fmt: skip
+                               sleep, dry, program)  # fmt: skip
         if isinstance(escalator.reader, LLMClient):
             closers.append(escalator.reader.close)
         parts = Parts(config, state, journal, source, decide_settings(config), escalator, clock,
@@ -158,14 +160,15 @@ def _channels(config: Config, config_path: str | None, state: Path, clock: Calla
 
 def _escalator(config: Config, config_path: str | None, state: Path, journal: Journal,
                renderer: Renderer, channels: list[Channel], clock: Callable[[], float],
-               sleep: Callable[[float], None], dry: bool) -> Escalator:  # fmt: skip
+               sleep: Callable[[float], None], dry: bool,
+               program: str = "fleetgate") -> Escalator:  # fmt: skip
     esc = config.escalation
     with building(config_path, "escalation.llm"):
         acting = config.gate.mode == "act" or "act" in config.gate.actions.values()
         reader = llm_reader.reader(esc.llm, journal, renderer, clock=clock, sleep=sleep,
                                    enforce_check=not dry, acting=acting)  # fmt: skip
     return Escalator(journal, Notifier(channels, renderer), window_s=esc.dedup_window_s,
-                     deadline_s=esc.deadline_s, cli_prefix=cli_prefix(config_path, state),
+                     deadline_s=esc.deadline_s, cli_prefix=cli_prefix(config_path, state, program),
                      gate=config.gate, reader=reader, answer_url=answer_url(config),
                      clock=clock)  # fmt: skip
 
@@ -322,11 +325,12 @@ def answer_url(config: Config) -> str | None:
     return config.api.public_url or f"http://{config.api.listen}"
 
 
-def cli_prefix(config_path: str | None, state: Path) -> str:
+def cli_prefix(config_path: str | None, state: Path, program: str = "fleetgate") -> str:
     """The command people run to answer, with this controller's --config and --state as
     absolute paths: it is pasted from a message into a shell in any directory (the default
-    state, `.fleetgate`, is left out: the simulator's lines stay short)."""
-    parts = ["fleetgate"]
+    state, `.fleetgate`, is left out: the simulator's lines stay short); `program` is
+    fleetgate as a shell finds it (see `initdir.program`)."""
+    parts = [program]
     if config_path:
         parts += ["--config", str(Path(config_path).absolute())]
     if str(state) != ".fleetgate":

@@ -57,6 +57,7 @@ from controller.service.config import (
     unreachable_links,
 )
 from controller.service.hup import ConfigReload
+from controller.service.initdir import program
 from controller.service.schedule import Runner
 from controller.service.secrets import Redactor
 from controller.store import retention
@@ -520,7 +521,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     app = assemble(config, state=state, clock=time.time, sleep=time.sleep,
                    config_path=args.config, seed=getattr(args, "seed", None),
                    read_only=read_only, dry=dry,
-                   person=args.command in ("escalations", "explain"))  # fmt: skip
+                   person=args.command in ("escalations", "explain"),
+                   program=program(sys.argv[0], shutil.which("fleetgate")))  # fmt: skip
     try:
         return _with_app(app, args)
     finally:
@@ -642,7 +644,7 @@ def _prune(args: argparse.Namespace, config: Config, state: Path) -> int:
 
 def _init(args: argparse.Namespace) -> int:
     """`fleetgate init DIR` (controller/service/initdir.py); 1 when it would overwrite."""
-    from controller.service.initdir import InitError, init, program
+    from controller.service.initdir import InitError, init
 
     try:
         written = init(Path(args.dir), force=args.force)

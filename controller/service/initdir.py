@@ -40,13 +40,13 @@ class Written:
 
 def program(started: str, on_path: str | None) -> str:
     """How a shell runs this fleetgate again: `fleetgate` when that name on $PATH (`on_path`)
-    is the executable it was `started` as, else that executable's path (a venv's fleetgate,
-    /opt/fleetgate/bin/fleetgate, is on no PATH until activated)."""
+    is the executable it was `started` as, else that executable's absolute path (a venv's
+    fleetgate, /opt/fleetgate/bin/fleetgate, is on no PATH until activated)."""
     if Path(started).name != "fleetgate":  # `python -m ...`: no script of its own to name
         return "fleetgate"
     if on_path is not None and Path(on_path).resolve() == Path(started).resolve():
         return "fleetgate"
-    return started
+    return str(Path(started).absolute())  # pasted from a message, in any directory
 
 
 def starter_config(folder: Path) -> str:
