@@ -38,3 +38,28 @@ def test_action_lines_carry_their_fields(tmp_path: Path) -> None:
     summaries = [r for r in records if r["logger"] == "controller.service.tick"
                  and " tick " in r["msg"]]  # fmt: skip
     assert summaries and all(f"tick {r['tick']}:" in r["msg"] for r in summaries)
+
+
+def test_a_secret_in_a_traceback_is_redacted_in_both_formats() -> None:
+    """The Redactor scrubbed a log line's message but not its traceback: an exception whose
+    text quoted a webhook's URL was logged whole by `log.exception`."""
+    script = (
+        "import logging\n"
+        "from controller.service import cli\n"
+        "from controller.service.secrets import SecretRef\n"
+        "SecretRef(env='S').resolve({'S': 'hook-path-0123456789'})\n"
+        "for fmt in ('text', 'json'):\n"
+        "    cli._logging('INFO', fmt)\n"
+        "    try:\n"
+        "        raise ValueError('no answer from http://h/hook-path-0123456789')\n"
+        "    except ValueError:\n"
+        "        logging.getLogger('x').exception('delivery failed')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "hook-path-0123456789" not in out.stderr, out.stderr
+    text, line = out.stderr.split("\n{", 1)
+    assert "ValueError: no answer from http://h/[redacted]" in text
+    assert json.loads("{" + line)["exc"].endswith("ValueError: no answer from http://h/[redacted]")

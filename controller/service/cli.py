@@ -318,8 +318,10 @@ class JsonFormatter(logging.Formatter):
         for key, value in vars(record).items():
             if key not in _STANDARD and not key.startswith("_"):
                 doc[key] = value
-        if record.exc_info:
-            doc["exc"] = self.formatException(record.exc_info)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:  # as the Redactor left it
+            doc["exc"] = record.exc_text
         return json.dumps(doc, default=str)
 
 

@@ -76,7 +76,8 @@ def redact(text: str) -> str:
 
 
 class Redactor(logging.Filter):
-    """Replaces any resolved secret in a log record's message with [redacted]."""
+    """Replaces any resolved secret in a log record's message, and in its traceback (an
+    exception's text may quote a URL or a header), with [redacted]."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if _KNOWN:
@@ -84,4 +85,8 @@ class Redactor(logging.Filter):
             clean = redact(message)
             if clean != message:
                 record.msg, record.args = clean, None
+            if record.exc_info and not record.exc_text:  # formatters use exc_text when set
+                record.exc_text = logging.Formatter().formatException(record.exc_info)
+            if record.exc_text:
+                record.exc_text = redact(record.exc_text)
         return True
