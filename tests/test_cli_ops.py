@@ -947,3 +947,24 @@ def test_an_escalations_commands_run_when_pasted_where_fleetgate_is_on_no_path(
     pasted = subprocess.run(["/bin/sh", "-c", command], env=env, cwd=ROOT, capture_output=True,
                             text=True, timeout=300)  # fmt: skip
     assert pasted.returncode == 0, pasted.stderr
+
+
+def test_status_names_the_journals_provider_and_says_when_the_config_is_anothers(
+    tmp_path: Path,
+) -> None:
+    """`status` with the --config left out (or another fleet's) printed the config's provider
+    over the journal's fleet; it prints the journal's, and says on stderr that `run` and
+    `tick` refuse that config."""
+    state = tmp_path / "state"
+    ok(fg("--state", str(state), "tick"))  # the simulator's journal
+    cfg = config(tmp_path, "provider: vast\ndemand: curio\n"
+                 "vast: {api_key: {env: FG_TEST_UNSET_KEY}, image: img}\n"
+                 "curio: {dsn: {env: FG_TEST_UNSET_DSN}}\ninstances: {}\n"
+                 "api: {token: {env: FG_TEST_UNSET_TOKEN}}\n")  # fmt: skip
+    out = ok(fg("--config", str(cfg), "--state", str(state), "status"))
+    assert out.stdout.startswith("provider sim "), out.stdout
+    assert ("fleetgate: warning: provider: the journal records the fleet of provider 'sim', and "
+            "the config's provider is 'vast' (see --config); `run` and `tick` refuse to "
+            "start") in out.stderr.splitlines(), out.stderr  # fmt: skip
+    quiet = ok(fg("--state", str(state), "status"))
+    assert quiet.stdout.startswith("provider sim ") and quiet.stderr == "", quiet.stderr

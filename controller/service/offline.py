@@ -152,12 +152,26 @@ def opened(config_path: str | None, state_arg: str | None, *, write: bool) -> It
 
     journal = open_journal(config, state, read_only=not write, person=True)
     try:
+        if mismatch := provider_problem(config, journal):
+            problems.append(mismatch)
         rules = rules_problem(config)
         for line in [*problems, *([rules] if rules else [])]:
             print(f"fleetgate: warning: {line}; `run` and `tick` refuse to start", file=sys.stderr)
         yield Offline(config, state, journal, problems + ([rules] if rules else []))
     finally:
         journal.close()
+
+
+def provider_problem(config: Config, journal: Journal) -> str | None:
+    """The line that says the journal records another provider's fleet than the config's (a
+    forgotten --config is the simulator), or None."""
+    from controller.service.assemble import PROVIDER_KEY
+
+    noted = journal.meta.get(PROVIDER_KEY)
+    if noted is None or noted == config.provider:
+        return None
+    return (f"provider: the journal records the fleet of provider {noted!r}, and the config's "
+            f"provider is {config.provider!r} (see --config)")  # fmt: skip
 
 
 def answering_config(config_path: str | None, state_arg: str | None) -> Config:
@@ -191,12 +205,15 @@ def _existing_journal(config: Config, state: Path, problems: list[str]) -> None:
 def status_doc(off: Offline) -> dict[str, Any]:
     """What `fleetgate status` shows, from the journal alone (`controller.service.status`),
     with the rules digest the last tick ran and what is broken."""
+    from controller.service.assemble import PROVIDER_KEY
+
     j = off.journal
     last = j.meta.ticks(1)
     sim = _saved_sim(j)
     now = sim.now() if sim is not None else (j.meta.last_now() or 0.0)
     doc = status.status_doc(
-        j, now=now, provider=off.config.provider, paused=off.config.guards.paused,
+        j, now=now, provider=j.meta.get(PROVIDER_KEY) or off.config.provider,
+        paused=off.config.guards.paused,
         rules=last[0].get("rules") if last else None, ttl_s=off.config.lease.ttl_s,
         sim=sim.stats if sim is not None else None,
     )  # fmt: skip
