@@ -123,7 +123,20 @@ def _message(
     msg = err["msg"].removeprefix("Value error, ")
     if loc and loc[-1] == "[key]":
         return f"unknown name: {msg}"
+    given = err.get("input")
+    seconds = any(str(p).endswith("_s") for p in loc[-2:])  # cooldowns_s.reboot too
+    if seconds and err["type"] in ("float_type", "int_type") and isinstance(given, str):
+        how = "write it without quotes" if _numeric(given) else "10 minutes is 600"
+        return f"{msg} of seconds, got the text {given!r} ({how})"  # `10m`, `10 minutes`
     return msg
+
+
+def _numeric(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def line_for(doc: Any, loc: tuple[Any, ...]) -> int:
