@@ -130,6 +130,8 @@ def load(text: str) -> Any:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else 1
         problem = " ".join(str(exc.problem or exc.context or "").split())
+        if problem.startswith("but ") and exc.context:  # the half that says what was expected
+            problem = " ".join(f"{exc.context} {problem}".split())
         unclosed = str(exc.context or "").startswith("while parsing a flow")
         if unclosed and exc.context_mark and exc.problem_mark and \
                 exc.context_mark.line != exc.problem_mark.line:  # fmt: skip
