@@ -15,6 +15,7 @@ import pytest
 import requests
 
 from controller.fleet.health import (
+    ANSWER_WITHIN,
     DaemonHealth,
     check_daemon,
     check_many,
@@ -72,6 +73,17 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(b'{"uptime_secs": ')
             self.wfile.flush()
             srv.release.wait(10)
+            return
+        if srv.mode in ("drip-body", "drip-headers"):  # a byte at a time, each in time
+            self.send_response(200)
+            if srv.mode == "drip-headers":
+                self.wfile.write(b"X-Slow: ")
+            else:
+                self.send_header("Content-Length", "1000")
+                self.end_headers()
+            while not srv.release.wait(0.05):
+                self.wfile.write(b"x" if srv.mode == "drip-headers" else b" ")
+                self.wfile.flush()
             return
         bodies = {
             "ok": json.dumps(STATUS).encode(),
@@ -163,6 +175,20 @@ def test_a_daemon_that_does_not_answer_in_time_is_down(
     health = check_daemon("127.0.0.1", port_of(cuzk), 0.3, session)
     assert time.monotonic() - started < 3
     assert not health.up and health.detail.startswith("timed out after 0.3s")
+
+
+@pytest.mark.parametrize("mode", ["drip-body", "drip-headers"])
+def test_a_daemon_that_answers_a_byte_at_a_time_is_down_within_the_bound(
+    cuzk: FakeCuzk, session: requests.Session, mode: str
+) -> None:
+    """Each byte comes within the timeout, the answer never ends: the probe gives up on it
+    after ANSWER_WITHIN timeouts instead of holding the tick for as long as the host likes."""
+    cuzk.mode = mode
+    started = time.monotonic()
+    health = check_daemon("127.0.0.1", port_of(cuzk), 0.3, session)
+    assert time.monotonic() - started < 0.3 * ANSWER_WITHIN + 1
+    assert not health.up and health.uptime_s is None
+    assert health.detail.startswith("timed out after 0.3s"), health.detail
 
 
 @pytest.mark.parametrize(

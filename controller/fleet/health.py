@@ -10,7 +10,10 @@ last one's by the second, shows only so). The instance's public address is vast'
 
 Any failure is "down" with the reason in words: refused, timed out, an HTTP error status, a body
 that is not a JSON object. A short timeout keeps one dead host from holding up a tick, and
-`check_many` checks a large fleet concurrently.
+`check_many` checks a large fleet concurrently. The timeout bounds each wait for a byte, so a
+host that sends its answer a byte at a time would hold a probe (and the tick) for as long as it
+likes: a whole answer must come within `ANSWER_WITHIN` timeouts, or the probe is down and left
+behind (its thread ends once that host stops sending).
 
 This module must NOT decide what to do about a down daemon, nor retry: one check is one
 observation, and the rules weigh observations over time.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +41,7 @@ STATUS_PORT = 9821  # the port cuzk's status server listens on inside the contai
 # to arrive, and the start it gives would be that much early
 DATES_WITHIN_S = 2.0
 MAX_STATUS_BYTES = 1 << 20
+ANSWER_WITHIN = 2.0  # timeouts a whole answer may take: one to connect, one for the rest
 
 K = TypeVar("K")
 
@@ -140,6 +145,26 @@ def check_daemon(
     reason."""
     netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     asked = clock()
+    answers: list[DaemonHealth] = []
+
+    def run() -> None:
+        try:
+            answers.append(_probe(netloc, timeout_s, session, clock, asked))
+        except Exception as exc:  # an answer nothing above foresaw is no answer
+            answers.append(DaemonHealth(False, None, f"{type(exc).__name__} from {netloc}"))
+
+    probe = threading.Thread(target=run, name="fleetgate-probe", daemon=True)
+    probe.start()
+    probe.join(ANSWER_WITHIN * timeout_s)
+    if not answers:
+        bound = ANSWER_WITHIN * timeout_s
+        return DaemonHealth(False, None, f"timed out after {timeout_s:g}s at {netloc} (no whole "
+                                         f"answer within {bound:g}s)")  # fmt: skip
+    return answers[0]
+
+
+def _probe(netloc: str, timeout_s: float, session: requests.Session,
+           clock: Callable[[], float], asked: float) -> DaemonHealth:  # fmt: skip
     try:
         with session.get(
             f"http://{netloc}/status", timeout=timeout_s, stream=True, allow_redirects=False
