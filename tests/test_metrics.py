@@ -17,9 +17,12 @@ from pydantic import SecretStr
 
 from controller.core.model import Demand
 from controller.core.track import Track
+from controller.fleet.base import SensorError, StaleReading
 from controller.service.api import Server, create_app
+from controller.service.app import status as app_status
 from controller.service.assemble import assemble
 from controller.service.config import Config
+from controller.service.status import status_lines
 from controller.store import retention
 from controller.store.journal import Journal
 from controller.store.lease import Lease
@@ -370,3 +373,58 @@ def test_each_controller_says_whether_it_leads(tmp_path: Path) -> None:
         for server in servers.values():
             server.stop()
         journal.close()
+
+
+class Failing:
+    """A sensor that fails every reading: the listing (or the queue) is unknown."""
+
+    def __init__(self, inner: Any, stale: bool = False) -> None:
+        self.inner, self.stale = inner, stale
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def list_instances(self) -> list[Any]:
+        raise SensorError("vast instance list page 1: HTTP 503 (after 4 attempts)")
+
+    def demand(self) -> list[Demand]:
+        raise (StaleReading if self.stale else SensorError)("Curio's queue is not readable")
+
+
+@pytest.mark.parametrize("failed", ["provider", "demand"])
+def test_numbers_a_failed_sensor_did_not_read_are_unknown_not_zero(
+    tmp_path: Path, failed: str
+) -> None:
+    """A failed listing was journaled as 0 instances costing $0/h and a stale queue as 0
+    tasks, and shown so by `status`, the dashboard and /metrics (the spend alert went quiet
+    while the fleet billed unseen). They are unknown: absent from the metrics, '-' in words."""
+    app = assemble(Config(), state=tmp_path / "s", clock=time.time, sleep=time.sleep, seed=7)
+    try:
+        app.controller.tick()  # the simulator's first fleet and queue, read well
+        if failed == "provider":
+            app.controller.provider = Failing(app.controller.provider)
+        else:
+            app.controller.demand = Failing(app.controller.demand, stale=True)
+        app.controller.tick()
+        [last] = app.journal.meta.ticks(1)
+        got = _scrape(app.journal)
+        lines = status_lines(app_status(app))
+    finally:
+        app.close()
+    summary = last["summary"]
+    assert summary["sensors"][failed] in ("failed", "stale")
+    unknown = {"provider": ("instances", "spend_per_h", "running_tasks"),
+               "demand": ("pending",)}[failed]  # fmt: skip
+    names = {
+        "instances": "fleetgate_fleet_instances",
+        "spend_per_h": "fleetgate_spend_per_hour",
+        "running_tasks": "fleetgate_running_tasks",
+        "pending": "fleetgate_pending_tasks",
+    }
+    for field in unknown:
+        assert summary[field] is None, (field, summary)
+        assert (names[field], ()) not in got, names[field]
+    if failed == "provider":
+        assert ", spend -" in lines[2], lines
+    else:
+        assert lines[3] == "demand: unknown (the queue read stale at the last tick)", lines

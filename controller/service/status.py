@@ -139,6 +139,9 @@ def _demand_words(st: dict[str, Any], summary: dict[str, Any]) -> str:
     one boot ahead where there is one); tasks with nothing in the queue are left out."""
     queues = [q for q in summary.get("demand") or [] if isinstance(q, dict)]
     if not queues:
+        sensed = (summary.get("sensors") or {}).get("demand")
+        if sensed not in (None, "ok"):
+            return f"demand: unknown (the queue read {sensed} at the last tick)"
         total = st["demand"]["all"]
         if total["pending"] is None and total["running"] is None:
             return "demand: not read yet"

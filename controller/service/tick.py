@@ -33,7 +33,7 @@ from typing import Any, cast
 
 from controller.core.decide import Doubt
 from controller.core.forecast import DEFAULT_BOOT_S
-from controller.core.model import Demand, Proposal
+from controller.core.model import Demand, Observation, Proposal
 from controller.core.policy import DecideSettings
 from controller.core.reconcile import followups, serving
 from controller.core.track import NO_DEBOUNCE, Debounce
@@ -182,8 +182,9 @@ class Controller:
         if tick_id % 10 == 0:
             log.info(
                 "[%s] tick %d: %s instance(s), %s task(s) pending, $%s/h, %d escalation(s) pending",
-                _clock(now), tick_id, summary["instances"], summary["pending"],
-                summary["spend_per_h"], len(self.journal.escalations.recent(status="pending")),
+                _clock(now), tick_id, *("?" if summary[k] is None else summary[k]
+                                        for k in ("instances", "pending", "spend_per_h")),
+                len(self.journal.escalations.recent(status="pending")),
                 extra={"tick": tick_id},
             )  # fmt: skip
         if self.after_tick:
@@ -236,11 +237,8 @@ class Controller:
             **done.counts,
             "escalated": len(raised),
             "doubts": len(planned.doubts),
-            "instances": fleet.get("instances"),
-            "pending": fleet.get("pending"),
-            "spend_per_h": fleet.get("spend_per_h"),
+            **_sensed_counts(fleet, planned.observation),
             "pending_launches": fleet.get("pending_launches"),
-            "running_tasks": fleet.get("running_tasks"),
             # what /readyz and the dashboard show: each sensor's state, the queue per task
             "sensors": {s.name: s.state for s in planned.observation.sensors},
             "demand": [
@@ -305,7 +303,7 @@ class Controller:
                                               planned.now)  # fmt: skip
             self.journal.meta.finish_tick(tick_id, self.clock(), {
                 "held": doubt.summary[:500], "escalated": len(raised),
-                "instances": fleet.get("instances"), "pending": fleet.get("pending")})  # fmt: skip
+                **_sensed_counts(fleet, planned.observation)})  # fmt: skip
         except JournalError as exc:
             log.critical("tick %d held, and the journal refused its escalation: %s (%s)",
                          tick_id, exc, doubt.summary)  # fmt: skip
@@ -333,6 +331,19 @@ class Controller:
             - planned.history.launches_since(planned.now - 3600),
             "max_instances": lim.max_instances,
         }
+
+
+def _sensed_counts(fleet: dict[str, Any], obs: Observation) -> dict[str, Any]:
+    """The fleet's and the queue's numbers for the tick's summary (what `status`, the
+    dashboard and the metrics show), None where the sensor they come from did not read ok:
+    a failed listing is no fleet of 0 instances costing $0/h, a stale queue no empty one."""
+    fleet_known, queue_known = obs.sensor_ok("provider"), obs.sensor_ok("demand")
+    return {
+        "instances": fleet.get("instances") if fleet_known else None,
+        "pending": fleet.get("pending") if queue_known else None,
+        "spend_per_h": fleet.get("spend_per_h") if fleet_known else None,
+        "running_tasks": fleet.get("running_tasks") if fleet_known else None,
+    }
 
 
 SHOWN_TASKS = 50  # task queues a tick's summary keeps (the metrics' and the pages' rows)
