@@ -834,8 +834,29 @@ def test_confirm_gone_takes_only_vasts_word_that_an_instance_is_gone(
     ids = ["424242", str(destroyed), str(kept), str(failing), str(late)]
     assert r.provider.confirm_gone(ids) == {"424242", str(destroyed)}
     shows = [s.path.split("/")[-2] for s in fake.of("show")]
-    assert shows == ids[:3] + [str(failing)] * 4 + [str(late)]  # 503 retried as a read
+    assert shows == ids[:3] + [str(failing)] * 4  # 503 retried as a read; the rest wait
+    assert r.provider.confirm_gone(ids[2:]) == set()  # the next round: the failed one last
+    shows = [s.path.split("/")[-2] for s in fake.of("show")]
+    assert shows[7:] == [str(kept), str(late), str(failing)]
     assert {failing, kept, late} <= set(fake.instances)
+
+
+def test_a_rate_limited_show_ends_the_round_and_the_rest_are_shown_next(
+    fake: FakeVast, rig: MakeRig
+) -> None:
+    """vast rate-limits its shows: ten instances missing from a listing were each shown
+    through all their retries (7 s of backoff apiece, 90 s with a Retry-After of 30 s), and
+    held the tick for minutes (with Retry-After, past systemd's watchdog). One show's retries
+    end the round now."""
+    ids = [str(900 + n) for n in range(10)]
+    fake.script("show", *[Status(429, "API requests too frequent", "text/plain")] * 4)
+    r = rig(retries=3, backoff_s=1.0)
+    assert r.provider.confirm_gone(ids) == set()
+    assert [s.path for s in fake.of("show")] == [f"/api/v0/instances/{ids[0]}/"] * 4
+    assert sum(r.time.sleeps) < 15  # one show's backoff (1 + 2 + 4 s) and its pacing
+    assert r.provider.confirm_gone(ids) == set(ids)  # vast answers again: all of them, the
+    shown = [s.path.split("/")[-2] for s in fake.of("show")][4:]  # one that failed last
+    assert shown == ids[1:] + ids[:1]
 
 
 def test_an_instance_vast_shows_destroyed_or_terminated_is_gone(

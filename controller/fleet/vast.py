@@ -179,6 +179,7 @@ class VastProvider:
         # offer id -> until when it is not tried: vast refused a create on it (an offer it
         # cannot schedule now, with cancel_unavail, stays in its search results)
         self._refused: dict[int, float] = {}
+        self._show_failed: set[str] = set()  # ids whose last show failed (`confirm_gone`)
 
     def list_instances(self, expect_nonempty: bool | None = None) -> list[Instance]:
         """Every instance, by id. SensorError when the listing is in any doubt."""
@@ -249,15 +250,27 @@ class VastProvider:
         Gone is `{"instances": null}`, 404, or an instance shown `destroyed` or `terminated`
         (its `intended_status` or `actual_status`: vast's own client reads those as gone). An id
         whose show fails (an error, a timeout) or that vast still shows otherwise is not in the
-        result: only vast's own word confirms a disappearance."""
+        result: only vast's own word confirms a disappearance.
+
+        A show that failed for a while (429, 5xx, a timeout: each retried with backoff, a
+        Retry-After honoured up to 30 s a wait) ends the round: the rest are shown at the next
+        call, those whose show failed last, so that ten of them never hold a tick for ten times
+        that, and one vast keeps failing never keeps the others from being shown."""
         distinct = dict.fromkeys(str(i) for i in instance_ids)
+        self._show_failed &= set(distinct)
         gone: set[str] = set()
-        for iid in islice(distinct, max(limit, 0)):
+        for iid in islice(sorted(distinct, key=lambda i: i in self._show_failed), max(limit, 0)):
             try:
                 shown = self._client.show(iid)
+            except TemporaryProviderError as exc:
+                self._show_failed.add(iid)
+                log.warning("vast: instance %r not confirmed gone: %s (the rest are shown at "
+                            "the next tick)", iid, exc)  # fmt: skip
+                break
             except ProviderError as exc:
                 log.warning("vast: instance %r not confirmed gone: %s", iid, exc)
                 continue
+            self._show_failed.discard(iid)
             said = {shown.get("intended_status"), shown.get("actual_status")} if shown else set()
             if shown is None or said & {"destroyed", "terminated"}:
                 gone.add(iid)
