@@ -251,6 +251,30 @@ def test_bursts_of_429_and_5xx_and_late_creates_never_duplicate(world: World) ->
     assert any(r["result"].get("confirmed_late") for r in launches)
 
 
+def test_a_create_listed_after_it_was_given_up_on_is_the_fleets_and_not_launched_again(
+    world: World,
+) -> None:
+    """A create that answered 502 and rented anyway, listed only after fleetgate gave it up
+    as lost (5 minutes of good listings without it): its instance, under the launch's unique
+    label, was taken for someone else's, left alone while it billed, and another launched in
+    its place for good. It is the fleet's, its launch confirmed late."""
+    world.vast.late_creates = 8  # listed 8 listings (minutes) after its create
+    world.vast.script("create", Lost(Status(502)))
+    world.db.post("PoRep", 2)  # one instance's worth
+    world.tick(7)  # 5 minutes: recorded as lost, and one more launched for the tasks
+    [first] = [r for r in world.app.journal.actions.recent(1000) if r["action"] == "launch"
+               and r["parent_id"] is not None and r["status"] == "lost"]  # fmt: skip
+    world.tick(4)  # both are listed now
+    listed = {str(i): f["label"] for i, f in world.vast.instances.items()}
+    assert first["key"] in listed.values()
+    fleet = world.app.controller.provider
+    late = next(i for i, label in listed.items() if label == first["key"])
+    assert late not in {i.id for i in fleet.foreign}
+    [row] = [r for r in world.app.journal.actions.recent(1000) if r["id"] == first["id"]]
+    assert row["status"] == "ok" and row["result"]["confirmed_late"], row
+    assert max(world.vast.creates_by_label.values()) == 1
+
+
 @pytest.mark.parametrize("fault", [Empty(), Status(410, {"error": "gone"})], ids=["empty", "410"])
 def test_an_empty_or_410_listing_changes_nothing_and_is_escalated_once(
     world: World, fault: Any

@@ -76,11 +76,12 @@ def launches(
 ) -> tuple[list[str], list[Book]]:  # fmt: skip
     """Labels of launches on their way (not yet listed, not given up on), and bookkeeping.
 
-    A launch whose label is listed is confirmed (late creates included); one unclear create
-    (`unknown`) unlisted for `unknown_s` of good listings, or any unlisted for `pending_s`, is
-    lost. While the listing failed, every recent launch is on its way (never launch blind)."""
+    A launch whose label is listed is confirmed (late creates included, also one already
+    recorded as lost); one unclear create (`unknown`) unlisted for `unknown_s` of good
+    listings, or any unlisted for `pending_s`, is lost. While the listing failed, every recent
+    launch still open is on its way (never launch blind)."""
     if not obs.sensor_ok("provider"):
-        return [str(r["key"]) for r in rows], []
+        return [str(r["key"]) for r in rows if r["status"] != "lost"], []
     by_label = {i.label: i for i in obs.instances}
     seen = set(seen) | {i.id for i in obs.instances}
     pending: list[str] = []
@@ -91,6 +92,8 @@ def launches(
             if r["status"] != "ok" and listed is not None:
                 books.append(_finish(r, "ok", {"instance": listed.id, "label": label,
                                                "confirmed_late": True}))  # fmt: skip
+            continue
+        if r["status"] == "lost":  # given up on, no capacity; confirmed above if it shows
             continue
         age = now - float(r["at"])
         if r["status"] == "unknown" and age >= unknown_s:
