@@ -305,6 +305,21 @@ def test_status_shows_the_real_fleet_as_the_last_tick_saw_it(world: World) -> No
     assert st["by_stage"] == {"running": 2} and st["demand"]["all"]["pending"] == 4
 
 
+def test_status_counts_every_instance_on_the_account_that_is_not_the_fleets(
+    world: World,
+) -> None:
+    """An account with other teams' instances: status named the first 20 and said nothing of
+    the rest. It names 20 and counts the others."""
+    from controller.service.app import status
+    from controller.service.status import status_lines
+
+    for n in range(25):
+        world.vast.add_instance(label=f"team-b-{n}" if n % 2 else "")
+    world.tick(1)
+    [line] = [x for x in status_lines(status(world.app)) if x.startswith("not fleetgate's")]
+    assert line.endswith(", and 5 more") and line.count(", running)") == 20, line
+
+
 def test_a_restart_no_agent_picks_up_becomes_a_vast_reboot(world: World) -> None:
     world.db.post("PoRep", 2)
     world.tick(4)

@@ -36,6 +36,7 @@ def status_doc(journal: Journal, *, now: float, provider: str, paused: bool, rul
         "instances": len(tracks),
         "by_stage": by_stage,
         "foreign": summary.get("foreign", []),
+        "foreign_total": summary.get("foreign_total"),
         "spend_per_h": summary.get("spend_per_h"),
         "demand": {
             "all": {"pending": summary.get("pending"), "running": summary.get("running_tasks")}
@@ -91,6 +92,8 @@ def status_lines(st: dict[str, Any]) -> list[str]:
     if foreign:
         shown = ", ".join(f"{f.get('id')} ({f.get('label') or 'no label'}, {f.get('status')})"
                           for f in foreign)  # fmt: skip
+        more = (st.get("foreign_total") or 0) - len(foreign)
+        shown += f", and {more} more" if more > 0 else ""
         lines.append(f"not fleetgate's (left alone): {shown}")
     approved = st.get("approved_escalations") or 0
     lines.append(f"pending escalations: {st['pending_escalations']}"

@@ -247,8 +247,9 @@ class Controller:
             ],  # fmt: skip
             "foreign": [
                 {"id": i.id, "label": i.label, "status": i.status}
-                for i in planned.observation.foreign[:20]
+                for i in planned.observation.foreign[:SHOWN_FOREIGN]
             ],  # fmt: skip
+            "foreign_total": len(planned.observation.foreign),
         }
 
     # ---- holding --------------------------------------------------------------------------
@@ -346,6 +347,7 @@ def _sensed_counts(fleet: dict[str, Any], obs: Observation) -> dict[str, Any]:
     }
 
 
+SHOWN_FOREIGN = 20  # instances not fleetgate's a tick's summary names (all are counted)
 SHOWN_TASKS = 50  # task queues a tick's summary keeps (the metrics' and the pages' rows)
 
 
