@@ -107,6 +107,9 @@ def test_lost_create_answers_are_never_repeated_and_late_creates_are_confirmed(
     rows = [r for r in journal.actions.recent(1000) if r["action"] == "launch" and r["parent_id"]]
     assert sorted(r["status"] for r in rows) == ["ok"] * 4
     assert all(r["result"]["confirmed_late"] for r in rows)
+    # the log's line for each says what became of it ("action #4: ok " said nothing)
+    assert all(r["result"]["note"] == f"instance {r['result']['instance']} listed with its "
+               "label after the create's answer said nothing clear" for r in rows)  # fmt: skip
 
 
 def test_a_failed_listing_launches_nothing_and_escalates_once(tmp_path: Path) -> None:

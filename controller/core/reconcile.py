@@ -90,8 +90,10 @@ def launches(
         label, listed = str(r["key"]), by_label.get(str(r["key"]))
         if listed is not None or r["result"].get("instance") in seen:
             if r["status"] != "ok" and listed is not None:
-                books.append(_finish(r, "ok", {"instance": listed.id, "label": label,
-                                               "confirmed_late": True}))  # fmt: skip
+                books.append(_finish(r, "ok", {
+                    "instance": listed.id, "label": label, "confirmed_late": True,
+                    "note": f"instance {listed.id} listed with its label after the create's "
+                    f"answer said nothing clear"}))  # fmt: skip
             continue
         if r["status"] == "lost":  # given up on, no capacity; confirmed above if it shows
             continue
