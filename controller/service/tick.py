@@ -238,7 +238,6 @@ class Controller:
             "escalated": len(raised),
             "doubts": len(planned.doubts),
             **_sensed_counts(fleet, planned.observation),
-            "pending_launches": fleet.get("pending_launches"),
             # what /readyz and the dashboard show: each sensor's state, the queue per task
             "sensors": {s.name: s.state for s in planned.observation.sensors},
             "demand": [
@@ -337,13 +336,16 @@ class Controller:
 def _sensed_counts(fleet: dict[str, Any], obs: Observation) -> dict[str, Any]:
     """The fleet's and the queue's numbers for the tick's summary (what `status`, the
     dashboard and the metrics show), None where the sensor they come from did not read ok:
-    a failed listing is no fleet of 0 instances costing $0/h, a stale queue no empty one."""
+    a failed listing is no fleet of 0 instances costing $0/h, a stale queue no empty one,
+    and the launches counted as on their way while it failed are not all unlisted."""
     fleet_known, queue_known = obs.sensor_ok("provider"), obs.sensor_ok("demand")
     return {
         "instances": fleet.get("instances") if fleet_known else None,
         "pending": fleet.get("pending") if queue_known else None,
         "spend_per_h": fleet.get("spend_per_h") if fleet_known else None,
         "running_tasks": fleet.get("running_tasks") if fleet_known else None,
+        # while the listing failed every recent launch counts as on its way, listed or not
+        "pending_launches": fleet.get("pending_launches") if fleet_known else None,
     }
 
 
