@@ -272,6 +272,22 @@ def test_an_instance_a_listing_leaves_out_that_vast_still_shows_is_not_launched_
     assert set(world.app.journal.fleet.tracks()) >= {str(i) for i in world.registered}
 
 
+def test_a_status_port_vast_maps_for_two_instances_speaks_for_neither(world: World) -> None:
+    """vast lists two instances' status ports at one public address and port: one cuzk
+    answers there, and the other instance's dead daemon read as up while it billed. Neither
+    answer is counted: both daemons are unknown, and a warning says why."""
+    world.db.post("PoRep", 4)
+    world.tick(4)
+    a, b = sorted(world.registered)
+    facts = world.app.controller.provider.list_instances
+    assert {i.id: i.daemon for i in facts()} == {str(a): "up", str(b): "up"}
+    world.cuzk[b].alive = False
+    with world.vast.lock:  # b's status port now maps where a's cuzk answers
+        world.vast._instances[b].fields["ports"] = dict(world.vast.instances[a]["ports"])
+    daemons = {i.id: i.daemon for i in facts()}
+    assert daemons == {str(a): "unknown", str(b): "unknown"}, daemons
+
+
 def test_a_create_listed_after_it_was_given_up_on_is_the_fleets_and_not_launched_again(
     world: World,
 ) -> None:

@@ -133,6 +133,20 @@ def status_target(
     return (host, port) if host and port else None
 
 
+def own_targets(targets: Mapping[K, tuple[str, int]]) -> tuple[dict[K, tuple[str, int]],
+                                                              list[list[K]]]:  # fmt: skip
+    """(the targets that are one instance's alone, the groups of keys that share one).
+
+    cuzk's `/status` does not say whose daemon answers: where vast maps the status port of two
+    instances to one public address and port, the answer is at most one's, and counting it
+    for both would read a dead daemon as up. Those are not probed (their health is unknown)."""
+    by_target: dict[tuple[str, int], list[K]] = {}
+    for key, target in targets.items():
+        by_target.setdefault(target, []).append(key)
+    shared = [keys for keys in by_target.values() if len(keys) > 1]
+    return {k: t for k, t in targets.items() if len(by_target[t]) == 1}, shared
+
+
 def check_daemon(
     host: str,
     port: int,

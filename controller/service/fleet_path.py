@@ -20,7 +20,7 @@ from controller.core.model import Instance
 from controller.core.track import Debounce
 from controller.fleet.actions import FleetActions
 from controller.fleet.curio import CurioDemand, CurioSettings
-from controller.fleet.health import InstancesSettings, status_target
+from controller.fleet.health import InstancesSettings, own_targets, status_target
 from controller.fleet.observe import Health, RealFleet
 from controller.fleet.vast import DEFAULT_MIN_INTERVAL_S, VastClient, VastProvider, VastSettings
 from controller.sim import wire as sim_wire
@@ -158,12 +158,20 @@ def real_fleet(
     curio = CurioDemand(settings.curio, connect=seams.curio_connect)
     store = LifecycleStore(journal)
 
+    said: set[tuple[str, ...]] = set()  # groups of instances sharing a status target, warned
+
     def check_health(instances: Sequence[Instance]) -> Mapping[str, Health]:
         targets = {}
         for i in instances:
             target = status_target(vast.last_raw.get(i.id, {}), inst.health_port)
             if target is not None:
                 targets[i.id] = target
+        targets, shared = own_targets(targets)
+        for group in (tuple(g) for g in shared if tuple(g) not in said):
+            said.add(group)
+            log.warning("instances %s: vast maps their status ports to one address, whose "
+                        "answer is not each one's; their daemons are not probed (health "
+                        "unknown)", ", ".join(group))  # fmt: skip
         found: Mapping[str, Health] = seams.check_many(targets, inst.health_timeout_s)
         return found
 
