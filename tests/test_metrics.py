@@ -429,3 +429,25 @@ def test_numbers_a_failed_sensor_did_not_read_are_unknown_not_zero(
         assert summary["pending_launches"] is None  # every recent launch counted on its way
     else:
         assert lines[3] == "demand: unknown (the queue read stale at the last tick)", lines
+
+
+def test_a_launch_given_up_as_lost_then_listed_late_leaves_its_counter_as_it_was(
+    tmp_path: Path,
+) -> None:
+    """A lost launch whose instance vast lists late after all is recorded as ok: the 'lost'
+    series went from 1 back to 0, which Prometheus reads as a counter reset."""
+    journal = Journal(tmp_path / "j.db")
+    try:
+        row = record_action(journal, 100.0, action="launch", target="fleet",
+                            proposer="rule:scale", status="unknown")  # fmt: skip
+        journal.actions.finish(row, 400.0, "lost", {"label": "fg-1"})
+        before = _counted(_scrape(journal))
+        journal.actions.finish(row, 700.0, "ok", {"instance": "5", "confirmed_late": True})
+        after = _counted(_scrape(journal))
+    finally:
+        journal.close()
+    lost = ("fleetgate_actions_total", (("action", "launch"), ("proposer", "rule"),
+                                        ("status", "lost")))  # fmt: skip
+    ok = (lost[0], (*lost[1][:2], ("status", "ok")))
+    assert before[lost] == after[lost] == 1 and after[ok] == 1 and ok not in before
+    assert all(after.get(k, 0) >= v for k, v in before.items())

@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from controller.store import totals
 from controller.store.aggregate import Aggregate, dumps, loads
 from controller.store.backend import Row, StaleLeader, Store, Tx
 
+UNDECIDED = ("intent", "unknown")  # statuses that move on to an outcome, counted once it has
 INTERRUPTED_NOTE = ("the controller stopped before the result was recorded; "
                     "the rules decide again from what is sensed now")  # fmt: skip
 
@@ -143,6 +145,12 @@ CREATE TABLE IF NOT EXISTS replacements (
 
     def finish(self, action_id: int, now: float, status: str, result: dict[str, Any]) -> None:
         with self.tx() as db:
+            # an outcome that changes (a launch given up on as lost, listed late after all)
+            # keeps what it counted in the totals: the metrics' counters never go down
+            before = db.execute("SELECT action, status, proposer FROM actions WHERE id = ?",
+                                (action_id,)).fetchall()  # fmt: skip
+            totals.fold(db, "actions", [r for r in before if r["status"] not in UNDECIDED
+                                        and r["status"] != status])  # fmt: skip
             db.execute(
                 "UPDATE actions SET status = ?, result = ?, finished_at = ? WHERE id = ?",
                 (status, dumps(result), now, action_id),
