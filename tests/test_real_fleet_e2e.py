@@ -312,6 +312,26 @@ def test_a_create_listed_after_it_was_given_up_on_is_the_fleets_and_not_launched
     assert max(world.vast.creates_by_label.values()) == 1
 
 
+def test_a_create_vast_refused_with_an_error_and_rented_anyway_is_the_fleets(world: World) -> None:
+    """vast answered a create 400 and rented the instance all the same: listed under the
+    launch's unique label, it was read as someone else's, left alone while it billed, and
+    another launched in its place. It is the fleet's, its launch confirmed late (its token
+    went with the refusal: its agent cannot register, and the lifecycle rules replace it)."""
+    refused = '{"success": false, "error": "invalid_args", "msg": "try again"}'
+    world.vast.script("create", Lost(Status(400, refused)))
+    world.vast.on_create = None  # no agent comes up in it (its token was revoked)
+    world.db.post("PoRep", 2)  # one instance's worth
+    world.tick(1)
+    [failed] = [r for r in world.app.journal.actions.recent(1000) if r["action"] == "launch"
+                and r["parent_id"] is not None]  # fmt: skip
+    assert failed["status"] == "failed"
+    world.tick(3)
+    fleet = world.app.controller.provider
+    assert not fleet.foreign and len(world.vast.instances) == 1
+    [row] = [r for r in world.app.journal.actions.recent(1000) if r["id"] == failed["id"]]
+    assert row["status"] == "ok" and "answered the create with an error" in row["result"]["note"]
+
+
 @pytest.mark.parametrize("fault", [Empty(), Status(410, {"error": "gone"})], ids=["empty", "410"])
 def test_an_empty_or_410_listing_changes_nothing_and_is_escalated_once(
     world: World, fault: Any

@@ -77,11 +77,12 @@ def launches(
     """Labels of launches on their way (not yet listed, not given up on), and bookkeeping.
 
     A launch whose label is listed is confirmed (late creates included, also one already
-    recorded as lost); one unclear create (`unknown`) unlisted for `unknown_s` of good
-    listings, or any unlisted for `pending_s`, is lost. While the listing failed, every recent
-    launch still open is on its way (never launch blind)."""
+    recorded as lost, or as failed: vast answered an error and rented anyway); one unclear
+    create (`unknown`) unlisted for `unknown_s` of good listings, or any unlisted for
+    `pending_s`, is lost. While the listing failed, every recent launch still open is on its
+    way (never launch blind)."""
     if not obs.sensor_ok("provider"):
-        return [str(r["key"]) for r in rows if r["status"] != "lost"], []
+        return [str(r["key"]) for r in rows if r["status"] not in ("lost", "failed")], []
     by_label = {i.label: i for i in obs.instances}
     seen = set(seen) | {i.id for i in obs.instances}
     pending: list[str] = []
@@ -90,12 +91,13 @@ def launches(
         label, listed = str(r["key"]), by_label.get(str(r["key"]))
         if listed is not None or r["result"].get("instance") in seen:
             if r["status"] != "ok" and listed is not None:
-                books.append(_finish(r, "ok", {
-                    "instance": listed.id, "label": label, "confirmed_late": True,
-                    "note": f"instance {listed.id} listed with its label after the create's "
-                    f"answer said nothing clear"}))  # fmt: skip
+                answer = ("vast answered the create with an error" if r["status"] == "failed"
+                          else "the create's answer said nothing clear")  # fmt: skip
+                note = f"instance {listed.id} listed with its label after {answer}"
+                books.append(_finish(r, "ok", {"instance": listed.id, "label": label,
+                                               "confirmed_late": True, "note": note}))  # fmt: skip
             continue
-        if r["status"] == "lost":  # given up on, no capacity; confirmed above if it shows
+        if r["status"] in ("lost", "failed"):  # no capacity; confirmed above if it shows
             continue
         age = now - float(r["at"])
         if r["status"] == "unknown" and age >= unknown_s:

@@ -232,11 +232,12 @@ CREATE TABLE IF NOT EXISTS replacements (
     # ---- launches not yet confirmed by a listing -------------------------------------------
     def recent_launches(self, since: float) -> list[Row]:
         """Single launches (one row each, keyed by label): every one still open (intent or
-        unknown outcome, however old), and those that succeeded, or were given up on as lost,
-        since `since` (a lost one's label listed late is its instance, confirmed late)."""
+        unknown outcome, however old), and those that succeeded, failed or were given up on
+        as lost since `since` (the label of one that failed or was lost, listed after all, is
+        its instance, confirmed late)."""
         head = "SELECT id, at, status, key, result FROM actions WHERE action = 'launch' AND "
         rows = self._all(head + "parent_id IS NOT NULL AND status IN ('intent', 'unknown')")
-        rows += self._all(head + "parent_id IS NOT NULL AND status IN ('ok', 'lost') "
+        rows += self._all(head + "parent_id IS NOT NULL AND status IN ('ok', 'lost', 'failed') "
                           "AND at >= ?", (since,))  # fmt: skip
         rows.sort(key=lambda r: int(r["id"]))
         for r in rows:
@@ -245,11 +246,12 @@ CREATE TABLE IF NOT EXISTS replacements (
 
     def open_launches(self) -> dict[int, str]:
         """Action id -> label of the single launches whose create is not known to have rented
-        (intent, an unknown outcome, or given up on as lost: a create vast lists later than
-        fleetgate waited for still rented under that unique label): an instance listed with
-        one is fleetgate's."""
+        (intent, an unknown outcome, given up on as lost, or failed: a create vast lists
+        later than fleetgate waited for, or that vast answered with an error and rented anyway,
+        rented under that unique label): an instance listed with one is fleetgate's."""
         rows = self._all("SELECT id, key FROM actions WHERE action = 'launch' AND parent_id IS "
-                         "NOT NULL AND status IN ('intent', 'unknown', 'lost')")  # fmt: skip
+                         "NOT NULL AND status IN ('intent', 'unknown', 'lost', "
+                         "'failed')")  # fmt: skip
         return {int(r["id"]): str(r["key"]) for r in rows if r["key"]}
 
     def rented_by(self, action_ids: Sequence[int]) -> list[tuple[int, str, str]]:
