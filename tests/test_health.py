@@ -189,6 +189,18 @@ def test_a_daemon_that_answers_a_byte_at_a_time_is_down_within_the_bound(
     assert time.monotonic() - started < 0.3 * ANSWER_WITHIN + 1
     assert not health.up and health.uptime_s is None
     assert health.detail.startswith("timed out after 0.3s"), health.detail
+    # the host still sends: no second probe (one thread a host, however long it sends)
+    probes = sum(t.name == "fleetgate-probe" for t in threading.enumerate())
+    again = check_daemon("127.0.0.1", port_of(cuzk), 0.3, session)
+    assert not again.up and "still sending its answer to an earlier probe" in again.detail
+    assert sum(t.name == "fleetgate-probe" for t in threading.enumerate()) == probes
+    cuzk.mode = "ok"
+    cuzk.release.set()  # it stops sending: the next probe goes out again
+    deadline = time.monotonic() + 10
+    while "still sending" in check_daemon("127.0.0.1", port_of(cuzk), 0.3, session).detail:
+        assert time.monotonic() < deadline, "the earlier probe never ended"
+        time.sleep(0.1)
+    assert check_daemon("127.0.0.1", port_of(cuzk), 0.3, session).up
 
 
 @pytest.mark.parametrize(

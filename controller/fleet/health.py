@@ -41,6 +41,8 @@ STATUS_PORT = 9821  # the port cuzk's status server listens on inside the contai
 # to arrive, and the start it gives would be that much early
 DATES_WITHIN_S = 2.0
 MAX_STATUS_BYTES = 1 << 20
+_LEFT_BEHIND: dict[str, threading.Thread] = {}  # probes given up on, by address
+_LEFT_LOCK = threading.Lock()
 ANSWER_WITHIN = 2.0  # timeouts a whole answer may take: one to connect, one for the rest
 
 K = TypeVar("K")
@@ -158,6 +160,14 @@ def check_daemon(
     request goes out; none when the answer took over `DATES_WITHIN_S`), or down with the
     reason."""
     netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    with _LEFT_LOCK:
+        left = _LEFT_BEHIND.get(netloc)
+        if left is not None and left.is_alive():
+            # a host still sending its last answer gets no second probe: one thread a host
+            # at most, however long it keeps sending
+            return DaemonHealth(False, None, f"{netloc} is still sending its answer to an "
+                                             "earlier probe")  # fmt: skip
+        _LEFT_BEHIND.pop(netloc, None)
     asked = clock()
     answers: list[DaemonHealth] = []
 
@@ -171,6 +181,8 @@ def check_daemon(
     probe.start()
     probe.join(ANSWER_WITHIN * timeout_s)
     if not answers:
+        with _LEFT_LOCK:
+            _LEFT_BEHIND[netloc] = probe
         bound = ANSWER_WITHIN * timeout_s
         return DaemonHealth(False, None, f"timed out after {timeout_s:g}s at {netloc} (no whole "
                                          f"answer within {bound:g}s)")  # fmt: skip
