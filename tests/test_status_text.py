@@ -120,3 +120,9 @@ def test_escalations_show_says_the_default_and_the_answer_as_actions() -> None:
 def test_launches_on_their_way_are_said_beside_the_instances() -> None:
     lines = status_lines(doc({"pending": 4}, instances=0, by_stage={}, pending_launches=2))
     assert lines[2] == "instances 0 (none; 2 rented, not listed yet), spend $1.5/h"
+
+
+def test_spend_is_said_as_dollars_not_as_a_floats_digits() -> None:
+    # a sum of prices: 0.1 + 0.31 is 0.41000000000000003
+    lines = status_lines(doc({"pending": 0}, spend_per_h=0.1 + 0.31))
+    assert lines[2].endswith("spend $0.41/h"), lines[2]

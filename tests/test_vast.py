@@ -279,6 +279,15 @@ def test_bid_launch_sends_the_bid_price_and_type(fake: FakeVast, rig: MakeRig) -
     assert fake.of("create")[0].body["price"] == 0.42
 
 
+def test_a_launch_logs_its_offers_price_as_dollars(
+    fake: FakeVast, rig: MakeRig, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.offers[1] = offer(1, dph=0.1 + 0.31)  # vast's JSON carries such sums whole
+    with caplog.at_level(logging.INFO, logger="controller.fleet.vast"):
+        rig().provider.launch(LaunchRequest(label="fg-price"))
+    assert "(machine 10, $0.41/h)" in caplog.text, caplog.text
+
+
 def test_a_gone_offer_moves_on_to_the_next(fake: FakeVast, rig: MakeRig) -> None:
     fake.offers.update({1: offer(1, dph=0.3), 2: offer(2, dph=0.4)})
     fake.vanish(1)

@@ -197,7 +197,7 @@ class VastProvider:
         for offer in self._offers_for(request)[: s.max_offers_tried]:
             offer_id = int(offer["id"])
             log.info("vast: launch %r on offer %r (machine %r, $%s/h)", request.label, offer_id,
-                     offer.get("machine_id"), offer.get("dph_total"))  # fmt: skip
+                     offer.get("machine_id"), _price(offer.get("dph_total")))  # fmt: skip
             used = True  # rented, taken by somebody else, or perhaps rented: not to be tried again
             try:
                 return self._client.create(offer_id, request.label, price=price,
@@ -310,3 +310,8 @@ class VastProvider:
 
     def undrain(self, instance_id: str) -> None:
         raise PermanentProviderError("vast cannot undrain an instance; Curio does (unschedulable)")
+
+
+def _price(dph: Any) -> Any:
+    """An offer's $/h as people read it (a float sum printed whole reads 0.41000000000000003)."""
+    return round(dph, 4) if isinstance(dph, float) else dph

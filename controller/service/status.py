@@ -86,7 +86,7 @@ def status_lines(st: dict[str, Any]) -> list[str]:
     on_way = st.get("pending_launches") or 0
     rented = f"; {on_way} rented, not listed yet" if on_way else ""
     lines.append(f"instances {st['instances']} ({stages or 'none'}{rented}), spend "
-                 f"{'-' if spend is None else f'${spend}/h'}")  # fmt: skip
+                 f"{'-' if spend is None else f'${round(spend, 4)}/h'}")  # fmt: skip
     lines.append(_demand_words(st, (last or {}).get("summary") or {}))
     foreign = st.get("foreign") or []
     if foreign:
