@@ -251,27 +251,6 @@ def test_bursts_of_429_and_5xx_and_late_creates_never_duplicate(world: World) ->
     assert any(r["result"].get("confirmed_late") for r in launches)
 
 
-def test_an_instance_a_listing_leaves_out_that_vast_still_shows_is_not_launched_again(
-    world: World,
-) -> None:
-    """A listing that changed between its pages left out one of two serving instances; vast's
-    show still had it. The tick counted a fleet of one and launched a second copy of the
-    capacity that still billed. Such a listing is in doubt: fleet changes are held, and said."""
-    world.db.post("PoRep", 4)  # two instances' worth
-    world.tick(4)
-    assert len(world.registered) == 2
-    before = sum(world.vast.creates_by_label.values())
-    world.vast.unlisted = {min(world.registered)}
-    world.tick(2)
-    assert sum(world.vast.creates_by_label.values()) == before
-    esc = [e for e in world.app.journal.escalations.recent() if e["kind"] == "sensing_failure"]
-    assert len(esc) == 1 and f"lacks instance(s) {min(world.registered)}" in esc[0]["summary"]
-    world.vast.unlisted = set()
-    world.tick(2)  # listed again: nothing was marked gone, nothing launched
-    assert sum(world.vast.creates_by_label.values()) == before
-    assert set(world.app.journal.fleet.tracks()) >= {str(i) for i in world.registered}
-
-
 def test_a_status_port_vast_maps_for_two_instances_speaks_for_neither(world: World) -> None:
     """vast lists two instances' status ports at one public address and port: one cuzk
     answers there, and the other instance's dead daemon read as up while it billed. Neither

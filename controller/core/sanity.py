@@ -3,9 +3,7 @@
 Pure: an observation and what the journal remembers in, an observation out. A listing that
 lost more than half of a fleet of `min_fleet` or more, or lost everything, when our own
 destroys do not explain it, is marked failed (an instance listed as not fleetgate's, relabelled
-out of the fleet, did not vanish), and so is one that lacks any instance vast does not confirm
-gone (`Observation.unconfirmed`: its count of the fleet would be short, and a launch would
-refill capacity that still bills): every fleet change is held, the history is
+out of the fleet, did not vanish): every fleet change is held, the history is
 kept (nothing is marked gone), and one sensing failure is escalated. vast's own API has
 answered "no instances" while instances kept billing; this is the last line against it.
 """
@@ -28,19 +26,10 @@ def check_listing(obs: Observation, tracked: Collection[str], destroyed: Collect
     unexplained = set(tracked) - listed - {i.id for i in obs.foreign} - set(destroyed)
     everything = not listed and bool(unexplained)
     half = len(tracked) >= min_fleet and len(unexplained) > len(tracked) / 2
-    # missing, and vast's show says it exists or could not say: the listing left it out (a
-    # listing that changed between its pages); the fleet it counts lacks capacity that bills
-    unlisted = sorted(unexplained & set(obs.unconfirmed), key=lambda i: (len(i), i))
-    if not (everything or half or unlisted):
+    if not (everything or half):
         return obs
-    if everything or half:
-        detail = (f"the listing shrank from {len(tracked)} to {len(listed)} instance(s); "
-                  f"{len(unexplained)} vanished without our actions")  # fmt: skip
-    else:
-        shown = ", ".join(unlisted[:5]) + (f" and {len(unlisted) - 5} more"
-                                           if len(unlisted) > 5 else "")  # fmt: skip
-        detail = (f"the listing lacks instance(s) {shown}, which vast does not confirm gone "
-                  "(its show still has them, or was not answered)")  # fmt: skip
+    detail = (f"the listing shrank from {len(tracked)} to {len(listed)} instance(s); "
+              f"{len(unexplained)} vanished without our actions")  # fmt: skip
     sensors = tuple(SensorStatus("provider", "failed", detail) if s.name == "provider" else s
                     for s in obs.sensors)  # fmt: skip
     return replace(obs, sensors=sensors)

@@ -39,8 +39,6 @@ running), as vast's CLI says it does ("rather than creating a stopped instance")
 `taken_hosts` holds instances whose host's GPUs someone else rented while they were stopped: a
 start answers as vast does then (HTTP 200, success false, "state change queued") and leaves the
 instance stopped with intended_status running until the test lets it run.
-`unlisted` holds instances a listing leaves out (a listing that changed between its pages)
-while show still answers them.
 `empty_as_null = True` answers a listing page without instances `"instances": null`, which
 vast's own client reads as none (vast-cli: `data.get("instances") or []`).
 `stopped_as = "exited"` lists a stopped instance as instances stopped with `vastai stop instance`
@@ -174,7 +172,6 @@ class FakeVast:
         self.unschedulable: set[int] = set()  # offers whose GPUs are busy now (see above)
         self.stopped_as = "stopped"  # or "exited" (see above)
         self.empty_as_null = False  # True: a page without instances lists null (see above)
-        self.unlisted: set[int] = set()  # left out of listings, shown (see above)
         self._instances: dict[int, _Instance] = {}
         self._next_id = first_id
         self._faults: dict[str, deque[Fault]] = {}
@@ -274,8 +271,7 @@ class FakeVast:
             return 400, {"success": False, "error": "invalid_args", "msg": "limit must be 1-25"}
         if after is None:
             self.list_calls += 1
-        visible = sorted(i for i, inst in self._instances.items()
-                         if self._visible(inst) and i not in self.unlisted)  # fmt: skip
+        visible = sorted(i for i, inst in self._instances.items() if self._visible(inst))
         rest = [i for i in visible if after is None or i > after]
         page, more = rest[:limit], len(rest) > limit
         return 200, {
