@@ -41,6 +41,7 @@ from typing import Any, Protocol
 
 from controller.core.actions import DESCRIPTORS
 from controller.core.decide import Doubt
+from controller.core.guards import OVERRIDABLE
 from controller.core.model import Proposal
 from controller.core.policy import Gate
 from controller.store.journal import Journal
@@ -327,7 +328,8 @@ class Escalator:
         # raised in a journal the controller lost: the id alone may name another escalation
         # in the file on disk now, so the printed answers carry its fingerprint
         pin = fp if s.key.get("problem") == "journal_lost" else None
-        how = self.how(esc_id, proposed=bool(s.proposals), fingerprint=pin)
+        how = self.how(esc_id, proposed=bool(s.proposals), fingerprint=pin,
+                       override=overridable_cap(s))  # fmt: skip
         out = Notifier(channels, self.notifier.renderer).deliver(esc, how)
         for d in out:
             self.journal.escalations.add_delivery(esc_id, d.channel, now, d.ok, d.detail)
@@ -353,15 +355,18 @@ class Escalator:
                 errors.append(f"{getattr(channel, 'name', '?')}: {exc}")
         return errors
 
-    def how(self, esc_id: int, proposed: bool = True, fingerprint: str | None = None
-            ) -> dict[str, str]:  # fmt: skip
+    def how(self, esc_id: int, proposed: bool = True, fingerprint: str | None = None,
+            override: str | None = None) -> dict[str, str]:  # fmt: skip
         """How to answer escalation `esc_id`, as messages print it. Without a proposal
         (`proposed` false) there is nothing for a bare approve to run: no approve by HTTP, and
         the channels' Approve buttons are left out (the CLI line names `--action NAME`). With
-        a `fingerprint`, the CLI lines answer only the escalation that has it."""
+        a `fingerprint`, the CLI lines answer only the escalation that has it. With an
+        `override` (a budget cap, `overridable_cap`), `override_cli` approves past it."""
         pin = f" --fingerprint {fingerprint}" if fingerprint else ""
         how = {"approve_cli": f"{self.cli_prefix} escalations approve {esc_id}{pin}",
                "deny_cli": f"{self.cli_prefix} escalations deny {esc_id}{pin}"}  # fmt: skip
+        if override is not None and proposed:
+            how["override_cli"] = f"{how['approve_cli']} --override {override}"
         if self.answer_url:
             base = self.answer_url.rstrip("/")
             url = f"{base}/v1/escalations/{esc_id}/answer"
@@ -389,6 +394,14 @@ class Escalator:
 
 
 UNRESOLVING = frozenset({"hold", "notify"})  # answers that leave the situation as it is
+
+
+def overridable_cap(s: Situation) -> str | None:
+    """The budget cap a guard_veto situation names, when a person's answer may exceed it
+    (guards.OVERRIDABLE); None for any other guard (the drain before a destroy, a cooldown,
+    the pause, ...): no `--override` gets past those."""
+    guard = s.key.get("guard") if s.kind == "guard_veto" else None
+    return guard if isinstance(guard, str) and guard in OVERRIDABLE else None
 
 
 def ask_key(esc_id: int) -> str:

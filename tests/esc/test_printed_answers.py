@@ -21,7 +21,7 @@ from controller.store.journal import Journal
 from escalation import approvals
 from escalation.notify import Notifier
 from escalation.render import Renderer
-from escalation.router import Escalator
+from escalation.router import Escalator, overridable_cap
 from escalation.situation import from_dict
 
 TOKEN = "printed-answer-token"
@@ -77,7 +77,7 @@ def message(e: Escalator, j: Journal, esc: int, template: str) -> str:
                                           "proposals": list(s.proposals),
                                           "recent_actions": [], "allowed_actions":
                                           list(s.allowed_actions)}, "fp", 100.0)  # fmt: skip
-    return Renderer().render(template, esc=d, how=e.how(esc))
+    return Renderer().render(template, esc=d, how=e.how(esc, override=overridable_cap(s)))
 
 
 def curl_lines(text: str) -> list[str]:
@@ -218,6 +218,49 @@ def test_a_capped_proposal_prints_the_override_that_carries_it_out(tmp_path: Pat
         [p] = approvals.approved_proposals(j)
         assert (p.action, p.params["instance"], p.overrides) == (
             "replace", "7", ("max_instances",))  # fmt: skip
+    finally:
+        j.close()
+
+
+@pytest.mark.parametrize("guard", ["paused", "drain_before_destroy", "unknown_node",
+                                   "daemon_never_answered", "cooldown"])  # fmt: skip
+def test_a_guard_no_answer_may_exceed_prints_no_override(tmp_path: Path, guard: str) -> None:
+    """An LLM's answer the pause (or the drain before a destroy, a cooldown, ...) refused is
+    put to people as a guard_veto naming that guard: no `--override` gets past it, so the
+    message prints none (it printed `approve N --override paused`, refused when pasted, and
+    said a bare approve would be vetoed again); the Approve line it prints works as pasted."""
+    from controller.service.assemble import cli_prefix
+
+    state = tmp_path / "state"
+    state.mkdir()
+    j = Journal(state / "journal.db")
+    try:
+        e = Escalator(j, Notifier([], Renderer()), window_s=60, deadline_s=1900,
+                      cli_prefix=cli_prefix(None, state))  # fmt: skip
+        proposal = {"action": "reboot", "params": {"instance": "7"}, "proposer": "llm:m",
+                    "confidence": 0.9, "reason": "frozen"}  # fmt: skip
+        situation = {
+            "kind": "guard_veto", "subject": "instance:7",
+            "summary": f"llm:m answered escalation #1 with reboot instance=7, but the guards "
+                       f"refused it ({guard})",
+            "facts": [{"kind": "instance", "id": "7", "status": "running"}],
+            "key": {"guard": guard, "escalation": 1}, "proposals": [proposal],
+            "recent_actions": [], "fleet": {}, "budget": {},
+            "allowed_actions": ["hold", "notify", "reboot", "replace"],
+            "default_action": HOLD, "created_at": 100.0,
+        }  # fmt: skip
+        esc = j.escalations.add_escalation(fingerprint="fp", kind="guard_veto",
+                                           subject="instance:7", summary=situation["summary"],
+                                           now=100.0, deadline=DEADLINE, situation=situation,
+                                           default_action=HOLD)  # fmt: skip
+        text = message(e, j, esc, "message.txt.j2")
+        assert "--override" not in text and "vetoes the approved action again" not in text
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+        run = subprocess.run(["bash", "-c", cli_line(text, "approve")], env=env, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert run.returncode == 0, run.stdout + run.stderr
+        [p] = approvals.approved_proposals(j)
+        assert (p.action, p.params["instance"], p.overrides) == ("reboot", "7", ())
     finally:
         j.close()
 
