@@ -17,8 +17,10 @@ For each doubt, in the tick:
 
 The outbox worker (escalation/outbox.py) does the rest off the tick, through `read`,
 `approve` and `deliver` here: if an LLM reader is configured, ask it; its answer acts when its
-confidence is at or above the threshold and its action is on `act` autonomy (the escalation is
-approved by `llm:<model>` and the action runs through the guards on the next tick); every
+confidence is at or above the threshold, its action is on `act` autonomy and its `llm-check`
+is not due (`unchecked`, asked then: SIGHUP may have changed the gate since the reader was
+built); the escalation is approved by `llm:<model>` and the action runs through the guards on
+the next tick; every
 call, valid or not, is journaled with the prompt's digest. Otherwise it goes to every human
 channel, with the LLM's proposal and rationale and why it came to people, and each delivery's
 outcome is stored.
@@ -114,6 +116,7 @@ class Escalator:
         answer_url: str | None = None,
         jobs: OutboxStore | None = None,
         clock: Callable[[], float] = time.time,
+        unchecked: Callable[[], str | None] | None = None,
     ) -> None:
         self.journal = journal
         self.notifier = notifier
@@ -125,6 +128,9 @@ class Escalator:
         self.answer_url = answer_url  # the HTTP API's base URL, when it is served
         self.jobs = jobs if jobs is not None else OutboxStore(journal.store)
         self.clock = clock  # the controller's: when `closed` queues a job
+        # why the LLM's answers may not act now (its `llm-check` is due), asked at each answer
+        # the gate would let act: the gate in force then, not the one at start, decides
+        self.unchecked = unchecked
         self.after_write: Callable[[float], object] | None = None
         # raised here, not yet taken by a worker (popped from its thread: atomic operations)
         self.fresh: OrderedDict[int, Situation] = OrderedDict()
@@ -259,6 +265,10 @@ class Escalator:
             return Routed(False, f"the LLM answered {answer.action}{told}, which does not "
                           "resolve the situation", proposal_dict(p))  # fmt: skip
         d = gate(p, self.gate)
+        unchecked = self.unchecked() if d.verdict == "act" and self.unchecked else None
+        if unchecked:
+            return Routed(False, f"the LLM answered {p.action}, but {unchecked}",
+                          proposal_dict(p))  # fmt: skip
         if d.verdict == "act":
             return Routed(True, f"{d.why}; it runs through the guards", proposal_dict(p))
         return Routed(False, f"the LLM answered {p.action}, but {d.why}", proposal_dict(p))

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fakes.openai_server import FakeOpenAI, RawBody, closed_port_url
-from support import SimApps
+from support import SimApps, rules_leaving_frozen_to_people
 from test_cli_ops import fg, ok
 
 from controller.service.app import App
@@ -264,3 +265,36 @@ def test_a_budget_override_is_explicit_journaled_and_never_the_llms(
                                            "override": ["max_spend_per_hour"]})  # fmt: skip
     [p] = [p for p in approvals.approved_proposals(app.journal) if p.escalation_id == llm_esc]
     assert p.overrides == () and p.proposer == "llm:m"
+
+
+def test_an_unchecked_model_does_not_act_when_sighup_lets_answers_act(tmp_path: Path) -> None:
+    """Started with answers proposing only, an unchecked model reads (`require_check` unset is
+    off then); SIGHUP that sets `gate.mode: act` must not let its answers act before
+    `fleetgate llm-check` passed (they went to the guards and replaced instances): its answer
+    goes to people, the escalation left pending."""
+    from controller.service.assemble import assemble
+    from controller.service.config import load_config
+    from controller.service.hup import ConfigReload
+
+    rules = rules_leaving_frozen_to_people(tmp_path / "rules")
+    with FakeOpenAI(default="smart") as fake:
+        cfg = _config_file(tmp_path, fake.url, require=None, gate="gate: {mode: propose}\n")
+        text = cfg.read_text() + f"  deadline_s: 864000\nrules: ['{rules}']\ninterval_s: 0.01\n"
+        cfg.write_text(text)
+        app = assemble(load_config(str(cfg)), state=tmp_path / "state", clock=time.time,
+                       sleep=time.sleep, seed=7)  # fmt: skip
+        try:
+            assert app.controller.escalator.reader is not None  # proposing: it reads
+            cfg.write_text(text.replace("mode: propose", "mode: act"))
+            hup = ConfigReload(app, str(cfg))
+            hup.request()
+            assert (hup.apply() or {})["applied"] == ["gate"]
+            ticks_until(app, lambda: bool(app.journal.llm.llm_calls()))
+            [call] = app.journal.llm.llm_calls()
+            assert call["action"] == "replace" and call["routed"] == "people"
+            esc = app.journal.escalations.escalation(call["escalation_id"])
+            assert esc and esc["status"] == "pending"
+            assert not [a for a in app.journal.actions.recent(limit=1000)
+                        if a["proposer"].startswith("llm:")]  # fmt: skip
+        finally:
+            app.close()

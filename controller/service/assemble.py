@@ -167,10 +167,11 @@ def _escalator(config: Config, config_path: str | None, state: Path, journal: Jo
         acting = config.gate.mode == "act" or "act" in config.gate.actions.values()
         reader = llm_reader.reader(esc.llm, journal, renderer, clock=clock, sleep=sleep,
                                    enforce_check=not dry, acting=acting)  # fmt: skip
+    unchecked = llm_reader.unchecked(esc.llm, journal) if esc.llm and not dry else None
     return Escalator(journal, Notifier(channels, renderer), window_s=esc.dedup_window_s,
                      deadline_s=esc.deadline_s, cli_prefix=cli_prefix(config_path, state, program),
                      gate=config.gate, reader=reader, answer_url=answer_url(config),
-                     clock=clock)  # fmt: skip
+                     clock=clock, unchecked=unchecked)  # fmt: skip
 
 
 def _vast(p: Parts) -> App:

@@ -57,6 +57,21 @@ def reader(
     return client
 
 
+def unchecked(settings: LLMSettings, journal: Journal) -> Callable[[], str | None]:
+    """Why an answer of the LLM may not act now, asked when the gate would let it act: then
+    its check is required unless `require_check: false` (unset, it follows the gate in force,
+    which SIGHUP may have changed since the reader was built), and must have passed for this
+    model at this URL. None: it may act."""
+
+    def why() -> str | None:
+        if settings.require_check is False or check_passed(journal, settings):
+            return None
+        return (f"it acts only after `fleetgate llm-check` passed for model "
+                f"{settings.model!r} at {settings.base_url}")  # fmt: skip
+
+    return why
+
+
 def check_passed(journal: Journal, settings: LLMSettings) -> bool:
     last = journal.meta.get(CHECK_KEY) or {}
     return bool(last.get("base_url") == settings.base_url and last.get("model") == settings.model
