@@ -117,6 +117,7 @@ class Escalator:
         jobs: OutboxStore | None = None,
         clock: Callable[[], float] = time.time,
         unchecked: Callable[[], str | None] | None = None,
+        unread: str | None = None,
     ) -> None:
         self.journal = journal
         self.notifier = notifier
@@ -131,6 +132,8 @@ class Escalator:
         # why the LLM's answers may not act now (its `llm-check` is due), asked at each answer
         # the gate would let act: the gate in force then, not the one at start, decides
         self.unchecked = unchecked
+        # why people read it without the LLM when there is no reader (one configured may be off)
+        self.unread = unread or "no LLM reader is configured"
         self.after_write: Callable[[float], object] | None = None
         # raised here, not yet taken by a worker (popped from its thread: atomic operations)
         self.fresh: OrderedDict[int, Situation] = OrderedDict()
@@ -210,7 +213,7 @@ class Escalator:
     def _unread(self, s: Situation, doubt: Doubt) -> Routed | None:
         """Why the LLM will not be asked, known when the escalation is raised (None: ask)."""
         if self.reader is None:
-            return Routed(False, "no LLM reader is configured")
+            return Routed(False, self.unread)
         if s.kind in PEOPLE_ONLY or doubt.people_only:
             return Routed(False, f"{s.kind} situations go to people")
         return None
@@ -222,7 +225,7 @@ class Escalator:
     def read(self, esc_id: int, s: Situation, targets: Collection[str], now: float) -> Routed:
         """Ask the LLM, journal the call, decide whether its answer may act (the worker's)."""
         if self.reader is None:
-            return Routed(False, "no LLM reader is configured")
+            return Routed(False, self.unread)
         from escalation.llm import LLMError  # the client is optional: import only when used
 
         model = self.reader.model

@@ -19,12 +19,12 @@ from controller.service.config import Config, parse_config
 KEY = "sk-test-llm-key-0123456789"
 
 
-def config(base_url: str, extra: str = "") -> Config:
+def config(base_url: str, extra: str = "", require_check: bool = False) -> Config:
     text = (
         "interval_s: 0.01\n"
         "escalation:\n"
         f"  llm: {{base_url: '{base_url}', model: fake-model, api_key: {{env: FG_TEST_LLM_KEY}},\n"
-        "        retries: 1, timeout_s: 5, require_check: false}\n"
+        f"        retries: 1, timeout_s: 5, require_check: {str(require_check).lower()}}}\n"
         "  deadline_s: 864000\n" + extra
     )
     return parse_config("test.yaml", text)
@@ -298,3 +298,19 @@ def test_an_unchecked_model_does_not_act_when_sighup_lets_answers_act(tmp_path: 
                         if a["proposer"].startswith("llm:")]  # fmt: skip
         finally:
             app.close()
+
+
+def test_people_read_that_the_llm_is_off_until_its_check_not_that_none_is_configured(
+    app_factory: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`require_check` and no passed check: the reader is off, and the message says so and
+    that `fleetgate run` takes a passed check when restarted (it said "Why you: no LLM reader
+    is configured", with one configured)."""
+    with FakeOpenAI(default="smart") as fake:
+        app = app_factory(config(fake.url, require_check=True))
+        assert app.controller.escalator.reader is None
+        ticks_until(app, lambda: bool(unmatched(app)))
+        out = capsys.readouterr().out
+        assert "Why you: the LLM is off until `fleetgate llm-check` passes for model " \
+               "'fake-model'" in out and "restart `fleetgate run`" in out  # fmt: skip
+        assert "no LLM reader is configured" not in out and not fake.chat_bodies

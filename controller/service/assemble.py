@@ -168,10 +168,11 @@ def _escalator(config: Config, config_path: str | None, state: Path, journal: Jo
         reader = llm_reader.reader(esc.llm, journal, renderer, clock=clock, sleep=sleep,
                                    enforce_check=not dry, acting=acting)  # fmt: skip
     unchecked = llm_reader.unchecked(esc.llm, journal) if esc.llm and not dry else None
+    unread = f"the LLM is {llm_reader.off(esc.llm)}" if esc.llm and reader is None else None
     return Escalator(journal, Notifier(channels, renderer), window_s=esc.dedup_window_s,
                      deadline_s=esc.deadline_s, cli_prefix=cli_prefix(config_path, state, program),
                      gate=config.gate, reader=reader, answer_url=answer_url(config),
-                     clock=clock, unchecked=unchecked)  # fmt: skip
+                     clock=clock, unchecked=unchecked, unread=unread)  # fmt: skip
 
 
 def _vast(p: Parts) -> App:

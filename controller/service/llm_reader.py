@@ -51,10 +51,17 @@ def reader(
     client = llm_client(settings, journal, renderer, clock=clock, sleep=sleep)
     required = acting if settings.require_check is None else settings.require_check
     if enforce_check and required and not check_passed(journal, settings):
-        log.warning("LLM escalation is off until `fleetgate llm-check` passes for model %r at %s",
-                    settings.model, settings.base_url)  # fmt: skip
+        log.warning("LLM escalation is %s", off(settings))
         return None
     return client
+
+
+def off(settings: LLMSettings) -> str:
+    """Why the reader is off (people only): its check is due. A check that passes later is
+    taken when fleetgate starts again (each `fleetgate tick` does)."""
+    return (f"off until `fleetgate llm-check` passes for model {settings.model!r} at "
+            f"{settings.base_url} (read when fleetgate starts: restart `fleetgate run` after "
+            "it passed)")  # fmt: skip
 
 
 def unchecked(settings: LLMSettings, journal: Journal) -> Callable[[], str | None]:
