@@ -191,12 +191,15 @@ def _netloc(url: str) -> str:
 
 
 def public_doc(esc: dict[str, Any]) -> dict[str, Any]:
-    """What an escalation's link shows anyone: its state and how to answer it (no facts,
-    proposals or secrets)."""
+    """What an escalation's link shows anyone: its state and how to answer it, while it takes
+    an answer (no facts, proposals or secrets)."""
     esc_id = esc["id"]
+    doc = {"id": esc_id, "status": esc["status"], "kind": esc["kind"],
+           "subject": esc["subject"], "deadline": esc["deadline"]}  # fmt: skip
+    if esc["status"] != "pending":  # answered, expired or resolved: every answer is refused
+        return {**doc, "answer": f"escalation #{esc_id} is {esc['status']}: it takes no answer"}
     return {
-        "id": esc_id, "status": esc["status"], "kind": esc["kind"],
-        "subject": esc["subject"], "deadline": esc["deadline"],
+        **doc,
         "answer": f"POST /v1/escalations/{esc_id}/answer with "
         '"Authorization: Bearer $FLEETGATE_API_TOKEN", Content-Type: application/json and '
         'a body {"decision": "approve"} or {"decision": "deny"}; or run '

@@ -126,6 +126,23 @@ def test_the_links_open_a_get_page(api: tuple[str, Journal], template: str, wher
     assert page.json()["status"] == "pending" and "escalations approve" in page.json()["answer"]
 
 
+@pytest.mark.parametrize("status", ["denied", "expired", "resolved"])
+def test_a_link_to_a_closed_escalation_says_it_takes_no_answer(
+    api: tuple[str, Journal], status: str
+) -> None:
+    """PagerDuty's link or Alertmanager's generatorURL opened after the escalation was
+    answered, expired or resolved: the page says it takes no answer (it told how to approve
+    or deny it, each refused as not pending), to an API client and to a browser."""
+    base, j = api
+    esc = raise_one(j)
+    assert j.escalations.answer(esc, status=status, by="x", now=200.0, answer=None)
+    doc = requests.get(f"{base}/escalations/{esc}", timeout=10).json()
+    assert doc["status"] == status and doc["answer"] == f"escalation #{esc} is {status}: " \
+        "it takes no answer"  # fmt: skip
+    page = requests.get(f"{base}/escalations/{esc}", headers={"Accept": "text/html"}, timeout=10)
+    assert "It takes no answer now" in page.text and "and answer it" not in page.text
+
+
 def cli_line(text: str, verb: str) -> str:
     """The `fleetgate ... escalations <verb> N` line as the message prints it."""
     [line] = re.findall(rf"^(?:Approve|Deny): +(fleetgate .*escalations {verb} \d+.*)$", text,
