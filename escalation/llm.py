@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from controller.core.fields import Secret
 from controller.fleet.retry import BodyError, read_body, retry_after
+from escalation.channels.http import scrub
 from escalation.llm_answer import (
     _check_call,
     _from_json,
@@ -217,10 +218,15 @@ class LLMClient:
         self._usage.record(now, tokens)
         try:
             action, params, confidence, rationale = self._parse(reply, message, offered, targets)
-        except LLMInvalidAnswer as exc:
-            exc.raw = raw
-            log.warning("llm %s on %r: invalid answer: %s", self.model, situation.subject, exc)
-            raise
+        except LLMInvalidAnswer as exc:  # its words quote the answer: the key taken out too
+            invalid = LLMInvalidAnswer(self._redact(str(exc)))
+            invalid.raw = raw
+            log.warning("llm %s on %r: invalid answer: %s", self.model, situation.subject,
+                        invalid)  # fmt: skip
+            raise invalid from None
+        # the key escaped inside a tool call's arguments is found only once they are decoded
+        rationale = self._redact(rationale)
+        params = {k: self._redact(v) if isinstance(v, str) else v for k, v in params.items()}
         log.info(
             "llm %s on %r: %s (confidence %.2f, %d tokens, %.2fs)",
             self.model,
@@ -337,8 +343,8 @@ class LLMClient:
             return _Retry(f"{status}: {self._snippet(resp)}", retry_after(resp))
         if resp.status_code != 200:
             raise LLMUnavailable(f"{status}: {self._snippet(resp)}")
-        try:
-            reply = loads(resp.content)
+        try:  # what the model says reaches the journal and people: never the key it was sent
+            reply = loads(self._redact(resp.content.decode("utf-8")))
         except ValueError as exc:
             raise LLMUnavailable(
                 f"{status} with a body that is not JSON: {self._snippet(resp)}"
@@ -363,8 +369,10 @@ class LLMClient:
         return headers
 
     def _redact(self, text: str) -> str:
+        """`text` without the API key, as sent or as an endpoint may echo it (JSON-escaped,
+        percent-encoded)."""
         key = self.settings.api_key.get_secret_value() if self.settings.api_key else ""
-        return text.replace(key, "***") if key else text
+        return scrub(text, [key]) if key else text
 
     def _snippet(self, resp: requests.Response) -> str:
         return repr(sanitize(self._redact(resp.text.strip()), 200))

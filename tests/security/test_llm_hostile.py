@@ -55,3 +55,29 @@ def test_an_answer_nested_past_the_parsers_depth_goes_to_people_at_once(
         assert "recursion" not in (call["error"] or "").lower()
         assert app.journal.escalations.deliveries(esc["id"]), "people were never told"
         assert app.journal.escalations.escalation(esc["id"])["status"] == "pending"
+
+
+@pytest.mark.parametrize("reply", [
+    ToolCall("escalate_to_human", {"reason": "sent sk-test-hostile", "confidence": 0.3,
+                                   "rationale": "my key is sk-test-hostile"}),
+    ToolCall("replace", {"instance": "sk-test-hostile", "confidence": 0.9, "rationale": "r"}),
+    ToolCall("notify", '{"message": "sk\\u002dtest\\u002dhostile", "confidence": 0.9, '
+                       '"rationale": "escaped"}'),
+], ids=["rationale", "invalid", "escaped"])  # fmt: skip
+def test_an_endpoint_echoing_its_key_puts_it_in_no_message_nor_the_journal(
+    app_for: Any, reply: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The key the LLM was sent, echoed in its answer (its rationale, a parameter escaped in a
+    tool call's arguments, an invalid call the error quotes): people read the answer and the
+    journal keeps it, so the key is taken out first (it was printed in "Why you" and
+    journaled)."""
+    with FakeOpenAI(*([reply] * 50)) as fake:
+        app = app_for(fake.url)
+        esc = first_escalation(app, "unmatched")
+        for _ in range(3):
+            app.controller.tick()
+        [call] = app.journal.llm.llm_calls(esc["id"])
+        assert app.journal.escalations.deliveries(esc["id"])
+        shown = repr(call) + capsys.readouterr().out
+        shown += "".join(p.read_text() for p in tmp_path.rglob("*.jsonl"))
+        assert "***" in shown and "hostile" not in shown
