@@ -42,7 +42,7 @@ def api(tmp_path: Path) -> Iterator[tuple[str, Journal]]:
 DEADLINE = 4_000_000_000.0
 
 
-def raise_one(j: Journal) -> int:
+def raise_one(j: Journal, proposed: bool = True) -> int:
     situation = {
         "kind": "unmatched",
         "subject": "instance:7",
@@ -65,6 +65,8 @@ def raise_one(j: Journal) -> int:
         "default_action": {"action": "hold", "params": {}},
         "created_at": 100.0,
     }
+    if not proposed:
+        situation["proposals"] = []
     return j.escalations.add_escalation(fingerprint="fp", kind="unmatched", subject="instance:7",
                                         summary="frozen", now=100.0, deadline=DEADLINE,
                                         situation=situation,
@@ -141,6 +143,29 @@ def test_a_link_to_a_closed_escalation_says_it_takes_no_answer(
         "it takes no answer"  # fmt: skip
     page = requests.get(f"{base}/escalations/{esc}", headers={"Accept": "text/html"}, timeout=10)
     assert "It takes no answer now" in page.text and "and answer it" not in page.text
+
+
+def test_the_webhooks_approve_line_names_an_action_as_the_message_does(tmp_path: Path) -> None:
+    """Without a proposal a bare approve is refused ("has no proposed action"): the webhook's
+    `how.approve_cli`, which a receiver shows as the command, names `--action NAME` as its
+    `message` and every other channel do (it was the bare approve)."""
+    import json
+
+    j = Journal(tmp_path / "j.db")
+    try:
+        esc = raise_one(j, proposed=False)
+        e = Escalator(j, Notifier([], Renderer()), window_s=60, deadline_s=1900)
+        s = from_dict(j.escalations.escalation(esc)["situation"])
+        d: dict[str, Any] = e._esc_dict(esc, {**s.__dict__, "facts": list(s.facts),
+                                              "proposals": [], "recent_actions": [],
+                                              "allowed_actions": list(s.allowed_actions)},
+                                        "fp", 100.0)  # fmt: skip
+        body = json.loads(Renderer().render("webhook.json.j2", esc=d,
+                                            how=e.how(esc, proposed=False)))  # fmt: skip
+        assert body["how"]["approve_cli"] == f"fleetgate escalations approve {esc} --action NAME"
+        assert f"Approve:  {body['how']['approve_cli']}\n" in body["message"]
+    finally:
+        j.close()
 
 
 def cli_line(text: str, verb: str) -> str:
