@@ -87,8 +87,8 @@ def approve(
             f"action {str(action)[:40]!r} is not offered by escalation #{esc_id} "
             f"(one of {', '.join(offered)})"
         )
-    try:
-        checked = actions.validate(action, params or _default_params(esc, action))
+    try:  # the obvious target unless the answer names one: `--param` adds to it
+        checked = actions.validate(action, {**_default_params(esc, action), **(params or {})})
     except actions.ActionError as exc:
         raise ApprovalError(str(exc)) from exc
     off = off_subject(str(esc["subject"]), situation.get("facts") or [], checked,

@@ -316,3 +316,21 @@ def test_an_escalation_past_its_deadline_takes_no_answer_before_a_tick_expires_i
     assert j.escalations.escalation(late)["status"] == "pending"  # the tick expires it
     with pytest.raises(approvals.ApprovalError, match="passed its deadline"):
         approvals.approve(j, late, by="ops", now=NOW, action="hold")
+
+
+def test_parameters_given_with_an_action_keep_the_subject_as_its_target(tmp_path: Path) -> None:
+    """`approve ID --action replace --param block_host=true` on an instance's escalation
+    replaces that instance and blocks its host (it was refused: "instance: Field required",
+    the subject filled in only when no parameter was given); a named target still wins."""
+    j = Journal(tmp_path / "j.db")
+    try:
+        esc = escalate(j)
+        answer = approvals.approve(j, esc, by="ana", now=NOW, action="replace",
+                                   params={"block_host": True})  # fmt: skip
+        assert answer["params"]["instance"] == "10001" and answer["params"]["block_host"] is True
+        other = escalate(j)
+        with pytest.raises(approvals.ApprovalError, match="names instance 10002"):
+            approvals.approve(j, other, by="ana", now=NOW, action="replace",
+                              params={"instance": "10002", "block_host": True})  # fmt: skip
+    finally:
+        j.close()
