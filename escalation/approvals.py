@@ -107,14 +107,23 @@ def approve(
 
 
 def _default_params(esc: dict[str, Any], action: str) -> dict[str, Any]:
-    """Fill the obvious target: `--action replace` on an instance situation means that one."""
+    """Fill the obvious target: `--action replace` on an instance situation means that one,
+    `--action block_host` its host (or the host a host's situation is about)."""
+    from escalation.router import subject_host
+
     kind, _, ident = str(esc["subject"]).partition(":")
     schema = actions.ACTIONS[action].model_fields
     if kind == "instance" and "instance" in schema:
         return {"instance": ident}
+    out: dict[str, Any] = {}
+    if "machine" in schema:
+        facts = esc["situation"].get("facts") or []
+        hosts = {ident} if kind == "machine" else subject_host(str(esc["subject"]), facts)
+        if len(hosts) == 1:
+            out["machine"] = next(iter(hosts))
     if "reason" in schema:
-        return {"reason": f"answer to escalation #{esc['id']}"}
-    return {}
+        out["reason"] = f"answer to escalation #{esc['id']}"
+    return out
 
 
 def same_escalation(journal: Journal, esc_id: int, fingerprint: str) -> None:

@@ -334,3 +334,17 @@ def test_parameters_given_with_an_action_keep_the_subject_as_its_target(tmp_path
                               params={"instance": "10002", "block_host": True})  # fmt: skip
     finally:
         j.close()
+
+
+def test_block_host_on_an_instances_escalation_blocks_its_host(tmp_path: Path) -> None:
+    """`approve ID --action block_host`, an action the message offers on an instance whose
+    host is known, blocks that host (it was refused: "machine: Field required")."""
+    j = Journal(tmp_path / "j.db")
+    try:
+        answer = approvals.approve(j, escalate(j), by="ana", now=NOW, action="block_host")
+        assert answer["params"]["machine"] == "m-1"
+        answer = approvals.approve(j, escalate(j), by="ana", now=NOW, action="block_host",
+                                   params={"for": 3600})  # fmt: skip
+        assert (answer["params"]["machine"], answer["params"]["for"]) == ("m-1", 3600)
+    finally:
+        j.close()
