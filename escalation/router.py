@@ -264,7 +264,8 @@ class Escalator:
             if off:
                 return Routed(False, f"the LLM's answer was refused: {off}", None)
         if answer.action in UNRESOLVING:
-            told = f": {answer.params['message']}" if answer.action == "notify" else ""
+            said = answer.params.get("message") or answer.params.get("reason")
+            told = f": {said}" if said else ""
             return Routed(False, f"the LLM answered {answer.action}{told}, which does not "
                           "resolve the situation", proposal_dict(p))  # fmt: skip
         d = gate(p, self.gate)
@@ -325,8 +326,11 @@ class Escalator:
 
     @staticmethod
     def shown(s: Situation, routed: Routed) -> Situation:
-        """The situation as people see it: the LLM's proposal first, and why it is theirs."""
-        if routed.proposal is None:
+        """The situation as people see it: the LLM's proposal first, and why it is theirs. A
+        hold or notify it answered is said in `routed.why` and offered as nothing to approve:
+        the bare approve (an Approve button) would run it and close the escalation, the
+        situation left as it was."""
+        if routed.proposal is None or routed.proposal["action"] in UNRESOLVING:
             return s
         reason = f"{routed.proposal['reason']} — sent to people because {routed.why}"
         return replace(s, proposals=(dict(routed.proposal, reason=reason), *s.proposals))

@@ -7,6 +7,7 @@ answer about another instance or host is refused; a bad answer is a 4xx with a s
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -187,6 +188,27 @@ def test_an_llm_hold_or_notify_leaves_it_open_for_people(
                   reader=_Reader(action, params))  # fmt: skip
     routed = e.read(esc, from_dict(j.escalations.escalation(esc)["situation"]), [], NOW)
     assert not routed.acted and "does not resolve" in routed.why
+
+
+@pytest.mark.parametrize("action,params,said", [
+    ("hold", {"reason": "wait for the host to come back"}, "wait for the host to come back"),
+    ("notify", {"message": "look at 10001"}, "look at 10001"),
+])  # fmt: skip
+def test_an_llm_hold_or_notify_is_not_what_a_bare_approve_runs(
+    api: tuple[str, Journal], action: str, params: dict[str, Any], said: str
+) -> None:
+    """The LLM's hold or notify is told in "Why you", not shown as the proposal: the bare
+    approve (the Approve button) ran it, closing the escalation with the situation as it was,
+    instead of the rule's proposal (here, none: the approve names an action)."""
+    _base, j = api
+    esc = escalate(j)
+    e = Escalator(j, Notifier([], Renderer()), window_s=60, deadline_s=1900,
+                  reader=_Reader(action, params))  # fmt: skip
+    s = from_dict(j.escalations.escalation(esc)["situation"])
+    routed = e.read(esc, s, [], NOW)
+    assert said in routed.why and e.shown(s, routed).proposals == s.proposals
+    bare = replace(s, proposals=())
+    assert e.shown(bare, e.read(esc, bare, [], NOW)).proposals == ()
 
 
 def test_operator_answers_are_bounded_and_bad_ones_are_4xx(api: tuple[str, Journal]) -> None:
