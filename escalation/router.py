@@ -102,6 +102,9 @@ def proposal_dict(p: Proposal) -> dict[str, Any]:
             "confidence": p.confidence, "reason": sanitize(p.reason, TEXT_CAP)}  # fmt: skip
 
 
+TOKEN_SHELL = "$FLEETGATE_API_TOKEN"  # the printed curl lines' token where its source is unknown
+
+
 class Escalator:
     def __init__(
         self,
@@ -114,6 +117,7 @@ class Escalator:
         gate: Gate | None = None,
         reader: Reader | None = None,
         answer_url: str | None = None,
+        token_shell: str = TOKEN_SHELL,
         jobs: OutboxStore | None = None,
         clock: Callable[[], float] = time.time,
         unchecked: Callable[[], str | None] | None = None,
@@ -127,6 +131,8 @@ class Escalator:
         self.gate = gate or Gate()
         self.reader = reader
         self.answer_url = answer_url  # the HTTP API's base URL, when it is served
+        # how a shell reads the API token where the config reads it (`secrets.in_shell`)
+        self.token_shell = token_shell
         self.jobs = jobs if jobs is not None else OutboxStore(journal.store)
         self.clock = clock  # the controller's: when `closed` queues a job
         # why the LLM's answers may not act now (its `llm-check` is due), asked at each answer
@@ -391,7 +397,7 @@ class Escalator:
             how["view_url"] = f"{base}/escalations/{esc_id}"  # a GET page: how to answer
             for decision in ("approve", "deny") if proposed else ("deny",):
                 how[f"{decision}_http"] = (
-                    'curl -sS -X POST -H "Authorization: Bearer $FLEETGATE_API_TOKEN" '
+                    f'curl -sS -X POST -H "Authorization: Bearer {self.token_shell}" '
                     f"-H 'Content-Type: application/json' "
                     f'-d \'{{"decision": "{decision}"}}\' {url}'
                 )

@@ -243,3 +243,15 @@ def test_links_to_this_machines_loopback_are_a_warning_at_check_and_at_start(
     assert (
         code == 0 and f"WARNING api.public_url is not set and api.listen is 127.0.0.1:{port}" in err
     )
+
+
+def test_messages_read_the_api_token_where_the_config_reads_it(tmp_path: Path) -> None:
+    # the printed curl lines and the links' pages say ${OPS_TOKEN}, not $FLEETGATE_API_TOKEN
+    config = parse_config("c.yaml", "api: {token: {env: OPS_TOKEN}}\n", {"OPS_TOKEN": "t" * 16})
+    app = assemble(config, state=tmp_path / "s", clock=time.time, sleep=time.sleep, dry=True)
+    try:
+        how = app.controller.escalator.how(1)
+        assert '"Authorization: Bearer ${OPS_TOKEN}"' in how["approve_http"], how
+        assert app.view().how is not None and "t" * 16 not in str(how)
+    finally:
+        app.close()

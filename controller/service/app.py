@@ -133,7 +133,8 @@ class App:
         return View(interval_s=interval, ttl_s=self.config.lease.ttl_s,
                     holder=self.config.lease.holder or default_holder(),
                     guards=self.config.guards, rulebook=lambda: self.controller.rules.book,
-                    public_url=self.config.api.public_url if self.config.api else None)  # fmt: skip
+                    public_url=self.config.api.public_url if self.config.api else None,
+                    how=self.controller.escalator.how)  # fmt: skip
 
 
 def _address(listen: str) -> tuple[str, int]:

@@ -38,6 +38,7 @@ from controller.service.channels import ChannelSeams, build_channels
 from controller.service.config import Config, rules_paths
 from controller.service.config_errors import ConfigError, building
 from controller.service.fleet_path import on_gone, real_fleet, sim_settings, vast_settings
+from controller.service.secrets import in_shell
 from controller.service.tick import Controller
 from controller.sim import SimConfig, Simulation
 from controller.sim.agents import AgentSettings
@@ -49,7 +50,7 @@ from escalation.channels.base import Channel
 from escalation.llm import LLMClient
 from escalation.notify import Notifier
 from escalation.render import Renderer, RenderError
-from escalation.router import Escalator
+from escalation.router import TOKEN_SHELL, Escalator
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +173,9 @@ def _escalator(config: Config, config_path: str | None, state: Path, journal: Jo
     return Escalator(journal, Notifier(channels, renderer), window_s=esc.dedup_window_s,
                      deadline_s=esc.deadline_s, cli_prefix=cli_prefix(config_path, state, program),
                      gate=config.gate, reader=reader, answer_url=answer_url(config),
-                     clock=clock, unchecked=unchecked, unread=unread)  # fmt: skip
+                     clock=clock, unchecked=unchecked, unread=unread,
+                     token_shell=in_shell(config.api.token, TOKEN_SHELL)
+                     if config.api else TOKEN_SHELL)  # fmt: skip
 
 
 def _vast(p: Parts) -> App:

@@ -96,6 +96,9 @@ class View:
     rulebook: Callable[[], Rulebook] | None = None  # the rules in force
     public_url: str | None = None  # how browsers reach the API (its origin is this server too)
     wall: Callable[[], float] = time.time  # sessions lapse by the wall clock
+    # how messages print the ways to answer an escalation (`Escalator.how`: this controller's
+    # --config and --state, the API token where the config reads it)
+    how: Callable[..., dict[str, str]] | None = None
 
 
 class Sessions:
@@ -190,20 +193,29 @@ def _netloc(url: str) -> str:
         return ""
 
 
-def public_doc(esc: dict[str, Any]) -> dict[str, Any]:
+def public_doc(esc: dict[str, Any], how: Callable[..., dict[str, str]] | None = None
+               ) -> dict[str, Any]:  # fmt: skip
     """What an escalation's link shows anyone: its state and how to answer it, while it takes
-    an answer (no facts, proposals or secrets)."""
+    an answer (no facts, proposals or secrets). `how`: the commands messages print for it."""
     esc_id = esc["id"]
     doc = {"id": esc_id, "status": esc["status"], "kind": esc["kind"],
            "subject": esc["subject"], "deadline": esc["deadline"]}  # fmt: skip
     if esc["status"] != "pending":  # answered, expired or resolved: every answer is refused
         return {**doc, "answer": f"escalation #{esc_id} is {esc['status']}: it takes no answer"}
+    proposed = bool((esc.get("situation") or {}).get("proposals"))
+    printed = how(esc_id, proposed=proposed) if how is not None else {}
+    token = printed.get("deny_http", "").partition("Bearer ")[2].partition('"')[0]
+    approve = printed.get("approve_cli", f"fleetgate escalations approve {esc_id}")
+    if not proposed:
+        approve += " --action NAME"
+    deny = printed.get("deny_cli", f"fleetgate escalations deny {esc_id}")
+    body = '{"decision": "approve"} or {"decision": "deny"}' if proposed else (
+        '{"decision": "approve", "action": "NAME"} or {"decision": "deny"}')  # fmt: skip
     return {
         **doc,
         "answer": f"POST /v1/escalations/{esc_id}/answer with "
-        '"Authorization: Bearer $FLEETGATE_API_TOKEN", Content-Type: application/json and '
-        'a body {"decision": "approve"} or {"decision": "deny"}; or run '
-        f"`fleetgate escalations approve {esc_id}` / `fleetgate escalations deny {esc_id}`; "
+        f'"Authorization: Bearer {token or "$FLEETGATE_API_TOKEN"}", Content-Type: '
+        f"application/json and a body {body}; or run `{approve}` / `{deny}`; "
         "or sign in to this page with the API token",
     }  # fmt: skip
 
@@ -391,7 +403,7 @@ def dashboard_router(journal: Journal, token: SecretStr, clock: Callable[[], flo
                 return refused(404, f"There is no escalation #{esc_id}.")
             raise HTTPException(404, f"no escalation #{esc_id}")
         if not html:
-            return public_doc(esc)
+            return public_doc(esc, view.how)
         session = session_of(request)
         if session is None:  # what it is, and the sign-in form that comes back here
             return page("login.html", next=f"/escalations/{esc_id}", error=None, esc=esc)

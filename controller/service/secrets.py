@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, SecretStr, model_validator
 
@@ -44,7 +46,7 @@ class SecretRef(BaseModel):
                 raise SecretError(f"environment variable {self.env} is not set")
             if not value.strip():  # `NAME=` left in an env file: it is there, and empty
                 raise SecretError(f"environment variable {self.env} is empty")
-            return _remember(value.strip())
+            return _remember(value.strip(), self)
         try:
             text = textfile.read_text(str(self.file), limit=64 * 1024)
         except OSError as exc:
@@ -56,16 +58,38 @@ class SecretRef(BaseModel):
         value = text.strip().splitlines()[0].strip() if text.strip() else ""
         if not value:
             raise SecretError(f"secret file {self.file} is empty")
-        return _remember(value)
+        return _remember(
+            value, self.model_copy(update={"file": str(Path(str(self.file)).absolute())})
+        )
+
+
+class SourcedSecret(SecretStr):
+    """A resolved secret that remembers where it was read (never the value: that is hidden)."""
+
+    def __init__(self, value: str, ref: SecretRef) -> None:
+        super().__init__(value)
+        self.ref = ref
+
+
+def in_shell(secret: SecretStr, default: str) -> str:
+    """How a shell on this machine reads `secret` where it was read from, for a command printed
+    for people to paste: `$NAME` for `{env: NAME}`, `$(head -n 1 PATH)` for `{file: PATH}`;
+    `default` where that is not known. Never the value."""
+    ref = getattr(secret, "ref", None)
+    if not isinstance(ref, SecretRef):
+        return default
+    if ref.env is not None:
+        return f"${{{ref.env}}}"
+    return f"$(head -n 1 {shlex.quote(str(ref.file))})"
 
 
 _KNOWN: set[str] = set()
 
 
-def _remember(value: str) -> SecretStr:
+def _remember(value: str, ref: SecretRef) -> SecretStr:
     if len(value) >= 4:
         _KNOWN.add(value)
-    return SecretStr(value)
+    return SourcedSecret(value, ref)
 
 
 def redact(text: str) -> str:

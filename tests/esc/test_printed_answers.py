@@ -335,3 +335,48 @@ def test_a_printed_line_works_from_another_directory(
         assert j.escalations.escalation(esc)["status"] == "approved"
     finally:
         j.close()
+
+
+@pytest.mark.parametrize("source", ["env", "file"])
+def test_the_curl_lines_read_the_token_where_the_config_reads_it(
+    api: tuple[str, Journal], tmp_path: Path, source: str
+) -> None:
+    """`api.token: {env: OPS_TOKEN}` or `{file: ...}`: a line naming $FLEETGATE_API_TOKEN got a
+    401 when pasted into the operator's shell, which holds the token where the config says."""
+    from controller.service.config import parse_config
+    from controller.service.secrets import in_shell
+
+    base, j = api
+    token_file = tmp_path / "api token"  # a space: the path is quoted for the shell
+    token_file.write_text(TOKEN + "\n")
+    ref = "{env: OPS_TOKEN}" if source == "env" else f"{{file: '{token_file}'}}"
+    config = parse_config("c.yaml", f"api: {{token: {ref}}}\n", {"OPS_TOKEN": TOKEN})
+    shell = in_shell(config.api.token, "$FLEETGATE_API_TOKEN") if config.api else ""
+    assert TOKEN not in shell
+    esc = raise_one(j)
+    e = Escalator(j, Notifier([], Renderer()), window_s=60, deadline_s=1900, answer_url=base,
+                  token_shell=shell)  # fmt: skip
+    [approve] = [line for line in curl_lines(message(e, j, esc, "message.txt.j2"))
+                 if "approve" in line]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "FLEETGATE_API_TOKEN"}
+    if source == "env":
+        env["OPS_TOKEN"] = TOKEN
+    run = subprocess.run(["bash", "-c", approve], env=env, capture_output=True, text=True,
+                         timeout=30)  # fmt: skip
+    assert run.returncode == 0 and '"approved"' in run.stdout, approve + run.stdout + run.stderr
+
+
+def test_a_links_page_names_the_commands_messages_print(api: tuple[str, Journal]) -> None:
+    """The JSON page said `fleetgate escalations approve N`, without the controller's --config
+    and --state, nor --action where nothing was proposed."""
+    from controller.service.dashboard import public_doc
+
+    _, j = api
+    esc_id = raise_one(j, proposed=False)
+    e = Escalator(j, Notifier([], Renderer()), window_s=60, deadline_s=1900,
+                  cli_prefix="/opt/fleetgate/bin/fleetgate --config /etc/fleetgate/config.yaml",
+                  answer_url="http://127.0.0.1:1", token_shell="${OPS_TOKEN}")  # fmt: skip
+    answer = public_doc(j.escalations.escalation(esc_id), e.how)["answer"]
+    assert (f"`/opt/fleetgate/bin/fleetgate --config /etc/fleetgate/config.yaml escalations "
+            f"approve {esc_id} --action NAME`") in answer, answer  # fmt: skip
+    assert '"Authorization: Bearer ${OPS_TOKEN}"' in answer and '"action": "NAME"' in answer
