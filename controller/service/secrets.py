@@ -66,7 +66,7 @@ class SecretRef(BaseModel):
 class SourcedSecret(SecretStr):
     """A resolved secret that remembers where it was read (never the value: that is hidden)."""
 
-    def __init__(self, value: str, ref: SecretRef) -> None:
+    def __init__(self, value: str, ref: SecretRef | None = None) -> None:
         super().__init__(value)
         self.ref = ref
 
