@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from controller.service.app import App
 from controller.service.assemble import assemble
 from controller.service.config import Config
 
@@ -30,10 +31,15 @@ def touch_later(path: Path, text: str) -> None:
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # a visible change
 
 
+def simulated(tmp_path: Path, rules: Path) -> App:
+    """A controller on the simulator, on the wall clock, reading `rules`."""
+    return assemble(Config(), state=tmp_path / "state", clock=time.time, sleep=time.sleep,
+                    seed=7, rules=[str(rules)])  # fmt: skip
+
+
 def test_a_good_edit_takes_effect_and_a_bad_one_keeps_the_last_good_rules(tmp_path: Path) -> None:
     rules = rules_copy(tmp_path)
-    app = assemble(Config(), state=tmp_path / "state", clock=time.time, sleep=time.sleep,
-                   seed=7, rules=[str(rules)])  # fmt: skip
+    app = simulated(tmp_path, rules)
     try:
         ctl = app.controller
         first = ctl.rules.book.digest
@@ -61,8 +67,7 @@ def test_a_bad_edit_undone_is_journaled_as_a_good_reload(tmp_path: Path) -> None
     # the undone files read as the rules in force: nothing new to load, but the journal's last
     # word (the dashboard's "reload failed") must not stay the failure
     rules = rules_copy(tmp_path)
-    app = assemble(Config(), state=tmp_path / "state", clock=time.time, sleep=time.sleep,
-                   seed=7, rules=[str(rules)])  # fmt: skip
+    app = simulated(tmp_path, rules)
     try:
         ctl = app.controller
         first = ctl.rules.book.digest
@@ -86,8 +91,7 @@ def test_a_file_emptied_mid_save_keeps_its_rules_until_it_holds_rules_again(
 ) -> None:
     # an editor truncates, then writes: every file caught at 0 bytes would load as no rules
     rules = rules_copy(tmp_path)
-    app = assemble(Config(), state=tmp_path / "state", clock=time.time, sleep=time.sleep,
-                   seed=7, rules=[str(rules)])  # fmt: skip
+    app = simulated(tmp_path, rules)
     try:
         ctl = app.controller
         first, count_before = ctl.rules.book.digest, len(ctl.rules.book.rules)
