@@ -46,9 +46,16 @@ class Notifier:
         self.channels = list(channels)
         self.renderer = renderer
 
-    def deliver(self, esc: dict[str, Any], how: dict[str, Any]) -> list[Delivery]:
+    def deliver(self, esc: dict[str, Any], how: dict[str, Any], again: bool = False
+                ) -> list[Delivery]:  # fmt: skip
+        """`again`: a retry for the channels that failed (the summary line was logged at the
+        first try; a log read by people does not repeat it at each retry)."""
         esc_id = esc.get("id")
-        log.warning("%s", self.summary_line(esc, how))
+        if again:
+            names = ", ".join(repr(getattr(c, "name", "?")) for c in self.channels)
+            log.info("escalation #%s: sending again to %s", esc_id, names)
+        else:
+            log.warning("%s", self.summary_line(esc, how))
         texts: dict[str, tuple[str, str]] = {}  # template -> (text, render problem or "")
         deliveries: list[Delivery] = []
         for channel in self.channels:

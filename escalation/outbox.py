@@ -168,7 +168,7 @@ class Outbox:
         left = [(k, c) for k, c in _keyed(self.escalator.notifier.channels) if k not in job.sent]
         out = self.escalator.deliver(job.escalation_id, s, str(esc["fingerprint"]),
                                      float(esc["created_at"]), now, why,
-                                     [c for _, c in left])  # fmt: skip
+                                     [c for _, c in left], again=job.attempts > 0)  # fmt: skip
         self._settle(job, now, left, out, "delivered")
 
     def _settle(self, job: Job, now: float, left: list[tuple[str, Any]], out: list[Any],

@@ -342,8 +342,8 @@ class Escalator:
         return replace(s, proposals=(dict(routed.proposal, reason=reason), *s.proposals))
 
     def deliver(self, esc_id: int, s: Situation, fp: str, created: float, now: float, why: str,
-                channels: Sequence[Channel]) -> list[Delivery]:  # fmt: skip
-        """Send to `channels` and journal each delivery's outcome."""
+                channels: Sequence[Channel], again: bool = False) -> list[Delivery]:  # fmt: skip
+        """Send to `channels` and journal each delivery's outcome (`again`: a retry)."""
         esc = self._esc_dict(esc_id, to_dict(s), fp, created)
         esc["routing"] = why
         # Approve runs what the message shows: its first proposal, saved with the escalation
@@ -353,7 +353,7 @@ class Escalator:
         pin = fp if s.key.get("problem") == "journal_lost" else None
         how = self.how(esc_id, proposed=bool(s.proposals), fingerprint=pin,
                        override=overridable_cap(s))  # fmt: skip
-        out = Notifier(channels, self.notifier.renderer).deliver(esc, how)
+        out = Notifier(channels, self.notifier.renderer).deliver(esc, how, again)
         for d in out:
             self.journal.escalations.add_delivery(esc_id, d.channel, now, d.ok, d.detail)
         return out

@@ -7,6 +7,7 @@ guards refuse is not cleared before people hear of it."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -247,12 +248,16 @@ def test_a_failed_delivery_is_retried_with_backoff_on_that_channel_only_then_giv
 
 
 def test_a_delivery_that_fails_once_goes_out_on_the_retry(
-    make: Callable[[Config], App], tmp_path: Path
+    make: Callable[[Config], App], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     app, pager, esc, t = paging(make(config(tmp_path, "  outbox_backoff_s: 5\n")), fail=1)
-    app.outbox.work(t)
-    app.outbox.work(t + 5)
+    with caplog.at_level(logging.INFO, logger="escalation.notify"):
+        app.outbox.work(t)
+        app.outbox.work(t + 5)
     assert pager.sent == [esc["id"]]
+    # the log says the escalation once, and the retry as one (it repeated the summary line)
+    assert caplog.text.count(f"ESCALATION #{esc['id']} ") == 1, caplog.text
+    assert f"escalation #{esc['id']}: sending again to 'pager'" in caplog.text
     [job] = app.controller.escalator.jobs.jobs(esc["id"])
     assert job["outcome"] == "delivered to 2 channel(s)" and job["attempts"] == 2
 
