@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -201,8 +205,16 @@ def test_require_check_keeps_the_llm_off_until_a_check_passed(tmp_path: Path) ->
     with FakeOpenAI(default="smart") as fake:
         cfg = _config_file(tmp_path, fake.url, require=True)
         out = _cli(["tick"], cfg, state)
-        assert "LLM escalation is off until `fleetgate llm-check` passes" in out.stderr
-        assert _cli(["llm-check"], cfg, state).returncode == 0
+        said = re.search(r"LLM escalation is off until `([^`]+)` passes", out.stderr)
+        assert said, out.stderr
+        # the check it names, run as pasted into a shell elsewhere (it named no --config)
+        assert said.group(1) == (f"fleetgate --config {cfg.absolute()} --state "
+                                 f"{state.absolute()} llm-check")  # fmt: skip
+        env = dict(os.environ, FG_TEST_LLM_KEY=KEY,
+                   PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")  # fmt: skip
+        run = subprocess.run(["bash", "-c", said.group(1)], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert run.returncode == 0, run.stdout + run.stderr
         out = _cli(["tick"], cfg, state)
         assert out.returncode == 0 and "LLM escalation is off" not in out.stderr
 
@@ -212,7 +224,7 @@ def test_an_unchecked_model_never_acts_by_default_but_may_propose(tmp_path: Path
     propose."""
     with FakeOpenAI(default="smart") as fake:
         out = _cli(["tick"], _config_file(tmp_path, fake.url, require=None), tmp_path / "a")
-        assert "LLM escalation is off until `fleetgate llm-check` passes" in out.stderr
+        assert "LLM escalation is off until `fleetgate --config " in out.stderr
         proposing = _config_file(tmp_path, fake.url, require=None, gate="gate: {mode: propose}\n")
         out = _cli(["tick"], proposing, tmp_path / "p")
         assert out.returncode == 0 and "LLM escalation is off" not in out.stderr
@@ -311,6 +323,7 @@ def test_people_read_that_the_llm_is_off_until_its_check_not_that_none_is_config
         assert app.controller.escalator.reader is None
         ticks_until(app, lambda: bool(unmatched(app)))
         out = capsys.readouterr().out
-        assert "Why you: the LLM is off until `fleetgate llm-check` passes for model " \
-               "'fake-model'" in out and "restart `fleetgate run`" in out  # fmt: skip
+        assert "Why you: the LLM is off until `fleetgate --state " in out  # its own journal
+        assert "llm-check` passes for model 'fake-model'" in out
+        assert "restart `fleetgate run`" in out
         assert "no LLM reader is configured" not in out and not fake.chat_bodies

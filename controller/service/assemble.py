@@ -166,10 +166,12 @@ def _escalator(config: Config, config_path: str | None, state: Path, journal: Jo
     esc = config.escalation
     with building(config_path, "escalation.llm"):
         acting = config.gate.mode == "act" or "act" in config.gate.actions.values()
+        # the command that checks it, as people paste it: this controller's --config, --state
+        check = f"{cli_prefix(config_path, state, program)} llm-check"
         reader = llm_reader.reader(esc.llm, journal, renderer, clock=clock, sleep=sleep,
-                                   enforce_check=not dry, acting=acting)  # fmt: skip
-    unchecked = llm_reader.unchecked(esc.llm, journal) if esc.llm and not dry else None
-    unread = f"the LLM is {llm_reader.off(esc.llm)}" if esc.llm and reader is None else None
+                                   enforce_check=not dry, acting=acting, check=check)  # fmt: skip
+    unchecked = llm_reader.unchecked(esc.llm, journal, check) if esc.llm and not dry else None
+    unread = f"the LLM is {llm_reader.off(esc.llm, check)}" if esc.llm and reader is None else None
     return Escalator(journal, Notifier(channels, renderer), window_s=esc.dedup_window_s,
                      deadline_s=esc.deadline_s, cli_prefix=cli_prefix(config_path, state, program),
                      gate=config.gate, reader=reader, answer_url=answer_url(config),

@@ -17,6 +17,7 @@ from escalation.usage import JournalUsage
 
 log = logging.getLogger(__name__)
 
+CHECK_COMMAND = "fleetgate llm-check"  # as messages name it where the controller's is unknown
 CHECK_KEY = "llm.check"  # the last `fleetgate llm-check`: base_url, model, ratio, at
 
 
@@ -43,28 +44,31 @@ def reader(
     sleep: Callable[[float], None],
     enforce_check: bool = True,
     acting: bool = True,
+    check: str = CHECK_COMMAND,
 ) -> LLMClient | None:
     """The LLM reader, or None (people only) when none is configured or its check is due;
-    `acting`: the gate lets some answer act (what `require_check` defaults to)."""
+    `acting`: the gate lets some answer act (what `require_check` defaults to); `check`: the
+    command that checks it, as people paste it."""
     if settings is None:
         return None
     client = llm_client(settings, journal, renderer, clock=clock, sleep=sleep)
     required = acting if settings.require_check is None else settings.require_check
     if enforce_check and required and not check_passed(journal, settings):
-        log.warning("LLM escalation is %s", off(settings))
+        log.warning("LLM escalation is %s", off(settings, check))
         return None
     return client
 
 
-def off(settings: LLMSettings) -> str:
-    """Why the reader is off (people only): its check is due. A check that passes later is
-    taken when fleetgate starts again (each `fleetgate tick` does)."""
-    return (f"off until `fleetgate llm-check` passes for model {settings.model!r} at "
+def off(settings: LLMSettings, check: str = CHECK_COMMAND) -> str:
+    """Why the reader is off (people only): its check (`check`, the command) is due. A check
+    that passes later is taken when fleetgate starts again (each `fleetgate tick` does)."""
+    return (f"off until `{check}` passes for model {settings.model!r} at "
             f"{settings.base_url} (read when fleetgate starts: restart `fleetgate run` after "
             "it passed)")  # fmt: skip
 
 
-def unchecked(settings: LLMSettings, journal: Journal) -> Callable[[], str | None]:
+def unchecked(settings: LLMSettings, journal: Journal, check: str = CHECK_COMMAND
+              ) -> Callable[[], str | None]:  # fmt: skip
     """Why an answer of the LLM may not act now, asked when the gate would let it act: then
     its check is required unless `require_check: false` (unset, it follows the gate in force,
     which SIGHUP may have changed since the reader was built), and must have passed for this
@@ -73,7 +77,7 @@ def unchecked(settings: LLMSettings, journal: Journal) -> Callable[[], str | Non
     def why() -> str | None:
         if settings.require_check is False or check_passed(journal, settings):
             return None
-        return (f"it acts only after `fleetgate llm-check` passed for model "
+        return (f"it acts only after `{check}` passed for model "
                 f"{settings.model!r} at {settings.base_url}")  # fmt: skip
 
     return why
