@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -175,36 +176,70 @@ def cli_line(text: str, verb: str) -> str:
     return line
 
 
-@pytest.mark.parametrize("template", ["message.txt.j2", "email.txt.j2"])
-def test_the_printed_fleetgate_lines_work_as_pasted(tmp_path: Path, template: str) -> None:
-    """The approve and deny commands a message prints, run by bash in a directory of their
-    own, with `fleetgate` found on PATH as an installed command is."""
+@dataclass
+class OnDisk:
+    """A journal in a state directory whose name needs quoting, and the escalator whose
+    printed commands name it, as `fleetgate run` builds them."""
+
+    state: Path
+    journal: Journal
+    escalator: Escalator
+
+    def paste(self, line: str) -> subprocess.CompletedProcess[str]:
+        """`line` run by bash in a directory of its own, with `fleetgate` found on PATH as
+        an installed command is."""
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+        return subprocess.run(["bash", "-c", line], env=env, cwd=self.state.parent,
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+
+    def veto(self, situation: dict[str, Any]) -> int:
+        """A guard_veto escalation of `situation`."""
+        return self.journal.escalations.add_escalation(
+            fingerprint="fp", kind="guard_veto", subject=situation["subject"],
+            summary=situation["summary"], now=100.0, deadline=DEADLINE, situation=situation,
+            default_action=HOLD)  # fmt: skip
+
+
+@pytest.fixture
+def on_disk(tmp_path: Path) -> Iterator[OnDisk]:
     from controller.service.assemble import cli_prefix
 
     state = tmp_path / "some state"  # a space, so the printed line must quote it
     state.mkdir()
     j = Journal(state / "journal.db")
     try:
-        e = Escalator(j, Notifier([], Renderer()), window_s=60, deadline_s=1900,
-                      cli_prefix=cli_prefix(None, state))  # fmt: skip
-        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-        first, second = raise_one(j), raise_one(j)
-        approve = cli_line(message(e, j, first, template), "approve")
-        assert approve.endswith(f"approve {first}")  # proposal 1 without --action
-        run = subprocess.run(["bash", "-c", approve], env=env, cwd=tmp_path,
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
-        assert run.returncode == 0, run.stdout + run.stderr
-        [p] = approvals.approved_proposals(j)  # what the next tick's apply receives
-        assert (p.action, p.params["instance"]) == ("reboot", "7")
-        assert p.proposer.startswith("human:")  # the person at the shell: the login's name
-        deny = cli_line(message(e, j, second, template), "deny")
-        run = subprocess.run(["bash", "-c", deny], env=env, cwd=tmp_path, capture_output=True,
-                             text=True, timeout=60)  # fmt: skip
-        assert run.returncode == 0, run.stdout + run.stderr
-        assert j.escalations.escalation(second)["status"] == "denied"
-        assert len(approvals.approved_proposals(j)) == 1
+        yield OnDisk(
+            state,
+            j,
+            Escalator(
+                j,
+                Notifier([], Renderer()),
+                window_s=60,
+                deadline_s=1900,
+                cli_prefix=cli_prefix(None, state),
+            ),
+        )
     finally:
         j.close()
+
+
+@pytest.mark.parametrize("template", ["message.txt.j2", "email.txt.j2"])
+def test_the_printed_fleetgate_lines_work_as_pasted(on_disk: OnDisk, template: str) -> None:
+    """The approve and deny commands a message prints, run by bash in a directory of their
+    own, with `fleetgate` found on PATH as an installed command is."""
+    e, j = on_disk.escalator, on_disk.journal
+    first, second = raise_one(j), raise_one(j)
+    approve = cli_line(message(e, j, first, template), "approve")
+    assert approve.endswith(f"approve {first}")  # proposal 1 without --action
+    run = on_disk.paste(approve)
+    assert run.returncode == 0, run.stdout + run.stderr
+    [p] = approvals.approved_proposals(j)  # what the next tick's apply receives
+    assert (p.action, p.params["instance"]) == ("reboot", "7")
+    assert p.proposer.startswith("human:")  # the person at the shell: the login's name
+    run = on_disk.paste(cli_line(message(e, j, second, template), "deny"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert j.escalations.escalation(second)["status"] == "denied"
+    assert len(approvals.approved_proposals(j)) == 1
 
 
 def test_without_a_proposal_no_approve_by_http_is_printed(tmp_path: Path) -> None:
@@ -221,90 +256,58 @@ def test_without_a_proposal_no_approve_by_http_is_printed(tmp_path: Path) -> Non
         j.close()
 
 
-def test_a_capped_proposal_prints_the_override_that_carries_it_out(tmp_path: Path) -> None:
+def test_a_capped_proposal_prints_the_override_that_carries_it_out(on_disk: OnDisk) -> None:
     """A replacement `max_instances` refused: a bare approve is vetoed again by the same cap,
     so the message prints the approve with `--override max_instances`, and it works as
     pasted (the answer carries the override to the guards, journaled)."""
-    from controller.service.assemble import cli_prefix
-
-    state = tmp_path / "state"
-    state.mkdir()
-    j = Journal(state / "journal.db")
-    try:
-        e = Escalator(j, Notifier([], Renderer()), window_s=60, deadline_s=1900,
-                      cli_prefix=cli_prefix(None, state))  # fmt: skip
-        proposal = {"action": "replace", "params": {"instance": "7", "reason": "crash loop"},
-                    "proposer": "rule:replace-crash-looping-instance", "confidence": 0.9,
-                    "reason": "crash loop"}  # fmt: skip
-        situation = {
-            "kind": "guard_veto", "subject": "fleet",
-            "summary": "rule:replace-crash-looping-instance wants to replace instance 7, "
-                       "which needs room for 1 more instance(s), but max_instances allows none",
-            "facts": [], "key": {"guard": "max_instances"}, "proposals": [proposal],
-            "recent_actions": [], "fleet": {}, "budget": {},
-            "allowed_actions": ["hold", "launch", "replace", "scale_to"],
-            "default_action": HOLD, "created_at": 100.0,
-        }  # fmt: skip
-        esc = j.escalations.add_escalation(fingerprint="fp", kind="guard_veto", subject="fleet",
-                                           summary=situation["summary"], now=100.0,
-                                           deadline=DEADLINE, situation=situation,
-                                           default_action=HOLD)  # fmt: skip
-        text = message(e, j, esc, "message.txt.j2")
-        [line] = [x.split(":", 1)[1].strip() for x in text.splitlines()
-                  if x.strip().startswith("past max_instances:")]  # fmt: skip
-        assert line.endswith(f"approve {esc} --override max_instances")
-        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-        run = subprocess.run(["bash", "-c", line], env=env, cwd=tmp_path, capture_output=True,
-                             text=True, timeout=60)  # fmt: skip
-        assert run.returncode == 0, run.stdout + run.stderr
-        [p] = approvals.approved_proposals(j)
-        assert (p.action, p.params["instance"], p.overrides) == (
-            "replace", "7", ("max_instances",))  # fmt: skip
-    finally:
-        j.close()
+    proposal = {"action": "replace", "params": {"instance": "7", "reason": "crash loop"},
+                "proposer": "rule:replace-crash-looping-instance", "confidence": 0.9,
+                "reason": "crash loop"}  # fmt: skip
+    esc = on_disk.veto({
+        "kind": "guard_veto", "subject": "fleet",
+        "summary": "rule:replace-crash-looping-instance wants to replace instance 7, "
+                   "which needs room for 1 more instance(s), but max_instances allows none",
+        "facts": [], "key": {"guard": "max_instances"}, "proposals": [proposal],
+        "recent_actions": [], "fleet": {}, "budget": {},
+        "allowed_actions": ["hold", "launch", "replace", "scale_to"],
+        "default_action": HOLD, "created_at": 100.0,
+    })  # fmt: skip
+    text = message(on_disk.escalator, on_disk.journal, esc, "message.txt.j2")
+    [line] = [x.split(":", 1)[1].strip() for x in text.splitlines()
+              if x.strip().startswith("past max_instances:")]  # fmt: skip
+    assert line.endswith(f"approve {esc} --override max_instances")
+    run = on_disk.paste(line)
+    assert run.returncode == 0, run.stdout + run.stderr
+    [p] = approvals.approved_proposals(on_disk.journal)
+    assert (p.action, p.params["instance"], p.overrides) == (
+        "replace", "7", ("max_instances",))  # fmt: skip
 
 
 @pytest.mark.parametrize("guard", ["paused", "drain_before_destroy", "unknown_node",
                                    "daemon_never_answered", "cooldown"])  # fmt: skip
-def test_a_guard_no_answer_may_exceed_prints_no_override(tmp_path: Path, guard: str) -> None:
+def test_a_guard_no_answer_may_exceed_prints_no_override(on_disk: OnDisk, guard: str) -> None:
     """An LLM's answer the pause (or the drain before a destroy, a cooldown, ...) refused is
     put to people as a guard_veto naming that guard: no `--override` gets past it, so the
     message prints none (it printed `approve N --override paused`, refused when pasted, and
     said a bare approve would be vetoed again); the Approve line it prints works as pasted."""
-    from controller.service.assemble import cli_prefix
-
-    state = tmp_path / "state"
-    state.mkdir()
-    j = Journal(state / "journal.db")
-    try:
-        e = Escalator(j, Notifier([], Renderer()), window_s=60, deadline_s=1900,
-                      cli_prefix=cli_prefix(None, state))  # fmt: skip
-        proposal = {"action": "reboot", "params": {"instance": "7"}, "proposer": "llm:m",
-                    "confidence": 0.9, "reason": "frozen"}  # fmt: skip
-        situation = {
-            "kind": "guard_veto", "subject": "instance:7",
-            "summary": f"llm:m answered escalation #1 with reboot instance=7, but the guards "
-                       f"refused it ({guard})",
-            "facts": [{"kind": "instance", "id": "7", "status": "running"}],
-            "key": {"guard": guard, "escalation": 1}, "proposals": [proposal],
-            "recent_actions": [], "fleet": {}, "budget": {},
-            "allowed_actions": ["hold", "notify", "reboot", "replace"],
-            "default_action": HOLD, "created_at": 100.0,
-        }  # fmt: skip
-        esc = j.escalations.add_escalation(fingerprint="fp", kind="guard_veto",
-                                           subject="instance:7", summary=situation["summary"],
-                                           now=100.0, deadline=DEADLINE, situation=situation,
-                                           default_action=HOLD)  # fmt: skip
-        text = message(e, j, esc, "message.txt.j2")
-        assert "--override" not in text and "vetoes the approved action again" not in text
-        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-        run = subprocess.run(["bash", "-c", cli_line(text, "approve")], env=env, cwd=tmp_path,
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
-        assert run.returncode == 0, run.stdout + run.stderr
-        [p] = approvals.approved_proposals(j)
-        assert (p.action, p.params["instance"], p.overrides) == ("reboot", "7", ())
-    finally:
-        j.close()
+    proposal = {"action": "reboot", "params": {"instance": "7"}, "proposer": "llm:m",
+                "confidence": 0.9, "reason": "frozen"}  # fmt: skip
+    esc = on_disk.veto({
+        "kind": "guard_veto", "subject": "instance:7",
+        "summary": f"llm:m answered escalation #1 with reboot instance=7, but the guards "
+                   f"refused it ({guard})",
+        "facts": [{"kind": "instance", "id": "7", "status": "running"}],
+        "key": {"guard": guard, "escalation": 1}, "proposals": [proposal],
+        "recent_actions": [], "fleet": {}, "budget": {},
+        "allowed_actions": ["hold", "notify", "reboot", "replace"],
+        "default_action": HOLD, "created_at": 100.0,
+    })  # fmt: skip
+    text = message(on_disk.escalator, on_disk.journal, esc, "message.txt.j2")
+    assert "--override" not in text and "vetoes the approved action again" not in text
+    run = on_disk.paste(cli_line(text, "approve"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    [p] = approvals.approved_proposals(on_disk.journal)
+    assert (p.action, p.params["instance"], p.overrides) == ("reboot", "7", ())
 
 
 def test_a_printed_line_works_from_another_directory(
